@@ -1,0 +1,38 @@
+# inferlab: `make lab` opens the course, `make test` runs the whole suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU build of torch where no NVIDIA GPU is present (pip takes it from local disk here);
+# on a GPU machine the default PyPI build, which carries CUDA.
+TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
+
+.PHONY: setup lab test test-fast book train clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+lab: setup
+	cd notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.open_browser=True
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q tests -m "not slow and not browser"
+
+book: setup
+	$(PY) -m book.build
+
+train: setup
+	$(VENV)/bin/inferlab train
+
+clean:
+	rm -rf book/_build .pytest_cache

@@ -1,0 +1,55 @@
+"""``inferlab generate``: stream a completion to the terminal, or print one JSON object."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from inferlab.generate import generate_stream
+from inferlab.llm import LLM
+from inferlab.sampling import SamplingParams
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="inferlab generate", description="Complete PROMPT with a model.")
+    p.add_argument("prompt")
+    p.add_argument("--model", default="target", help="embedded name, HF folder or hub id (default: target)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
+    except ValueError as exc:
+        parser.error(str(exc))
+    llm = LLM(model=args.model, device=args.device)
+    ids = llm.encode(args.prompt)
+    stats: dict = {}
+    printed = ""
+    if not args.json:
+        sys.stdout.write(args.prompt)
+    for seqs in generate_stream(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer, stats):
+        seq = seqs[0]
+        text = seq.stop_text if seq.stop_text is not None else llm.tokenizer.decode(seq.output_token_ids)
+        if not args.json and text.startswith(printed) and not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    if args.json:
+        print(json.dumps({"text": text, "token_ids": seq.output_token_ids,
+                          "prefill_tokens_per_s": round(stats["prefill_tokens_per_s"], 2),
+                          "decode_tokens_per_s": round(stats["decode_tokens_per_s"], 2)}))
+    else:
+        sys.stdout.write(text[len(printed):] + "\n")
+    return 0

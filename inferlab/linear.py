@@ -1,0 +1,43 @@
+"""The linear-layer seam.
+
+Every projection in the model (q/k/v/o, gate/up/down, lm_head) is built by a *linear factory*.
+The default builds ``torch.nn.Linear``. A quantizer swaps in its own module, with the same
+``forward(x) -> x @ W.T + b`` contract, either at build time (pass ``linear_factory`` to the
+model) or afterwards with :func:`replace_linears`. The model never needs to know.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from torch import nn
+
+
+class LinearFactory(Protocol):
+    def __call__(self, in_features: int, out_features: int, bias: bool, name: str) -> nn.Module: ...
+
+
+def default_linear(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+def replace_linears(
+    model: nn.Module,
+    convert: Callable[[str, nn.Linear], nn.Module | None],
+    skip: Callable[[str], bool] = lambda name: name == "lm_head",
+) -> list[str]:
+    """Replace each ``nn.Linear`` named ``name`` by ``convert(name, linear)`` (None keeps it).
+
+    Returns the names replaced. The lm_head is skipped by default: most quantization recipes
+    (GPTQ, AWQ) leave it in high precision.
+    """
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and not skip(name):
+            new = convert(name, module)
+            if new is None:
+                continue
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, new)
+            replaced.append(name)
+    return replaced

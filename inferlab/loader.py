@@ -1,0 +1,169 @@
+"""Load and save HF-format checkpoints: config.json + safetensors (+ index) + tokenizer.json.
+
+Weights are read with ``safetensors`` only. Pickle files (``pytorch_model.bin``, ``.pt``) can run
+arbitrary code when loaded, so inferlab refuses them and says how to convert.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from inferlab.config import ModelConfig
+from inferlab.device import default_device, default_dtype
+from inferlab.errors import CheckpointError
+from inferlab.model import CausalLM
+from inferlab.rope import rope_inv_freq
+from inferlab.tokenizer import Tokenizer
+
+ASSETS = Path(__file__).parent / "assets" / "models"
+EMBEDDED_MODELS = ("target", "draft")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """An embedded model name, a local folder, or a hub id (downloaded where the network exists)."""
+    text = str(name_or_path)
+    if text in EMBEDDED_MODELS:
+        path = ASSETS / text
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"embedded model {text!r} is not built yet: run `inferlab train`")
+        return path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{text!r} is a file; pass the model folder that holds config.json")
+    if _looks_like_hub_id(text):
+        return _download(text)
+    raise CheckpointError(f"model folder {text!r} not found: pass a folder with config.json, "
+                          f"a hub id, or one of {', '.join(EMBEDDED_MODELS)}")
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~", "/"))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as exc:  # offline, unknown repo, gated repo
+        raise CheckpointError(
+            f"cannot download {repo_id!r} from the hub ({type(exc).__name__}): with no network, "
+            f"download it elsewhere (`hf download {repo_id} --local-dir DIR`) and pass DIR"
+        ) from None
+
+
+def load_config(folder: Path) -> ModelConfig:
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise CheckpointError(f"{folder} has no config.json: is it an HF model folder?")
+    raw = json.loads(cfg_path.read_text())
+    gen_path = folder / "generation_config.json"
+    if gen_path.exists() and raw.get("eos_token_id") is None:
+        raw["eos_token_id"] = json.loads(gen_path.read_text()).get("eos_token_id")
+    return ModelConfig.from_dict(raw)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if missing:
+            raise CheckpointError(f"{folder}: shard(s) listed in the index are missing: {', '.join(missing)}")
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = [p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES]
+    if pickles:
+        raise CheckpointError(
+            f"{folder}: refusing pickle-format weights ({', '.join(pickles)}); convert them to "
+            "safetensors where you trust the file (transformers: "
+            "model.save_pretrained(DIR, safe_serialization=True)) and load DIR"
+        )
+    raise CheckpointError(f"{folder} has no model.safetensors (nor a sharded index)")
+
+
+def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
+    """Return ``(model, tokenizer)``; tokenizer is None when the folder has no tokenizer.json."""
+    folder = resolve_model_path(path_or_id)
+    config = load_config(folder)
+    device = torch.device(device or default_device())
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    expected = set(model.state_dict())
+    if config.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    tensors = {}
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if key.endswith("rotary_emb.inv_freq"):
+                    continue  # a buffer older transformers saved; recomputed from the config
+                if key == "lm_head.weight" and config.tie_word_embeddings:
+                    continue
+                tensors[key] = f.get_tensor(key)
+    missing, unexpected = sorted(expected - tensors.keys()), sorted(tensors.keys() - expected)
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
+            f"{label} {len(names)} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+            for label, names in (("missing", missing), ("unexpected", unexpected)) if names))
+    shapes = model.state_dict()
+    for key, t in tensors.items():
+        if tuple(t.shape) != tuple(shapes[key].shape):
+            raise CheckpointError(f"{folder}: weight {key} has shape {tuple(t.shape)}, "
+                                  f"the config implies {tuple(shapes[key].shape)}")
+    model.load_state_dict({k: t.to(dtype) for k, t in tensors.items()}, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # buffers built on the meta device are recomputed from the config
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    model = model.to(device).eval()
+    tokenizer = None
+    if (folder / "tokenizer.json").exists():
+        tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
+    return model, tokenizer
+
+
+def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,
+                    dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Write ``model`` (and tokenizer) as an HF folder that transformers loads too.
+
+    The folder is written to a temporary sibling and renamed into place, so a crash never
+    leaves a half-written checkpoint behind.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        cfg = model.config.to_hf_dict()
+        state = model.state_dict()
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        if dtype is not None:
+            cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+        tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

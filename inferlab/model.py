@@ -1,0 +1,144 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) in one file.
+
+    tokens -> embed -> N x [RMSNorm -> attention (RoPE, GQA) -> + -> RMSNorm -> SwiGLU MLP -> +]
+           -> RMSNorm -> lm_head -> logits
+
+Parameter names match HF transformers, so checkpoints load either way. Two seams keep every
+technique of the course outside this file:
+- the *attention backend* (``inferlab.attention``) decides where K/V are cached and how
+  attention is computed (torch SDPA, paged cache, Triton kernels);
+- the *linear factory* (``inferlab.linear``) builds every projection, so quantized linears
+  drop in without touching the model.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferlab.attention import AttentionBackend, AttentionMetadata, TorchSDPABackend
+from inferlab.config import ModelConfig
+from inferlab.linear import LinearFactory, default_linear
+from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019): LayerNorm without the mean, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention (Ainslie et al. 2023): Hq query heads share Hkv key/value heads.
+    Hkv == Hq is classic multi-head attention, Hkv == 1 is multi-query attention (Shazeer 2019)."""
+
+    def __init__(self, cfg: ModelConfig, idx: int, linear: LinearFactory, prefix: str):
+        super().__init__()
+        self.layer_idx = idx
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.q_proj = linear(d, q, cfg.attention_bias, f"{prefix}.q_proj")
+        self.k_proj = linear(d, kv, cfg.attention_bias, f"{prefix}.k_proj")
+        self.v_proj = linear(d, kv, cfg.attention_bias, f"{prefix}.v_proj")
+        self.o_proj = linear(q, d, cfg.o_proj_bias, f"{prefix}.o_proj")
+        self.backend: AttentionBackend = TorchSDPABackend()
+
+    def forward(self, x, cos, sin, metadata: AttentionMetadata):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.backend.forward(self.layer_idx, q, k, v, metadata)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, linear: LinearFactory, prefix: str):
+        super().__init__()
+        d, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = linear(d, f, bias, f"{prefix}.gate_proj")
+        self.up_proj = linear(d, f, bias, f"{prefix}.up_proj")
+        self.down_proj = linear(f, d, bias, f"{prefix}.down_proj")
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, idx: int, linear: LinearFactory):
+        super().__init__()
+        prefix = f"model.layers.{idx}"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, idx, linear, f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, linear, f"{prefix}.mlp")
+
+    def forward(self, x, cos, sin, metadata):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """HF's ``model.*`` submodule: embeddings, layers and the final norm."""
+
+    def __init__(self, cfg: ModelConfig, linear: LinearFactory):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """``model(input_ids)`` -> logits [B, T, V]. With ``metadata`` it reads and writes a KV cache."""
+
+    def __init__(self, config: ModelConfig, linear_factory: LinearFactory = default_linear):
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config, linear_factory)
+        self.lm_head = linear_factory(config.hidden_size, config.vocab_size, False, "lm_head")
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        """Route every layer's attention through ``backend`` (the attention seam)."""
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+
+    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        if metadata is None:
+            b, t = input_ids.shape
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+            metadata = AttentionMetadata(positions=positions)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(self.inv_freq, metadata.positions, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, metadata)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.model.norm(x)).float()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
