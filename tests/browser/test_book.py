@@ -1,0 +1,156 @@
+"""The built book in headless Chromium with the network cut off: every request to a host other
+than this machine is blocked and recorded, and the pages must still draw their mermaid diagrams,
+plotly figures and math from the copies the book serves itself."""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from book import build as book
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = Path(os.environ.get("INFERLAB_ARTIFACTS", book.REPO / "build" / "artifacts")) / "book"
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+DRAW_TIMEOUT_MS = 60_000
+NOTEBOOK_00 = "notebooks/00_why_inference_is_slow.html"
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        message = "headless Chromium is needed for this test: apt-get install chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """The built book, (re)built first when it is missing or older than its sources."""
+    if book.is_stale():
+        book.build()
+    return book.OUT
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    """book/_build/html over HTTP on a free loopback port."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = chromium_path()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class OfflinePage:
+    """A page whose requests may reach only this machine; the rest are blocked and recorded."""
+
+    def __init__(self, browser):
+        self.blocked: list[str] = []
+        self.errors: list[str] = []
+        self.context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+
+    def _route(self, route):
+        url = urlparse(route.request.url)
+        if url.scheme in ("file", "data", "blob") or url.hostname in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            self.blocked.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    def open(self, url: str):
+        self.page.goto(url, wait_until="load")
+        return self.page
+
+    def screenshot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def assert_offline_and_clean(self) -> None:
+        assert not self.blocked, f"the page asked for other hosts: {self.blocked}"
+        assert not self.errors, f"JavaScript errors on the page: {self.errors}"
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def offline(browser):
+    p = OfflinePage(browser)
+    yield p
+    p.close()
+
+
+def test_architecture_page_draws_its_mermaid_diagram(server, offline):
+    page = offline.open(f"{server}/architecture.html")
+    svg = page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
+    assert "CausalLM" in (svg.text_content() or "")  # the labels were drawn, not just an empty frame
+    offline.screenshot("architecture")
+    offline.assert_offline_and_clean()
+
+
+def test_notebook_00_draws_plotly_mermaid_and_math(server, offline):
+    page = offline.open(f"{server}/{NOTEBOOK_00}")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=DRAW_TIMEOUT_MS)
+    assert page.locator(".js-plotly-plot").count() >= 1
+    page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
+    page.wait_for_selector("mjx-container", timeout=DRAW_TIMEOUT_MS)
+    offline.screenshot("notebook_00")
+    offline.assert_offline_and_clean()
+
+
+def test_math_renders_on_the_introduction(server, offline):
+    page = offline.open(f"{server}/index.html")
+    page.wait_for_selector("mjx-container", timeout=DRAW_TIMEOUT_MS)
+    offline.screenshot("index")
+    offline.assert_offline_and_clean()
+
+
+def test_pages_opened_as_files_draw_too(site, offline):
+    """A student may open book/_build/html/index.html straight from disk (file://)."""
+    page = offline.open((site / "architecture.html").as_uri())
+    page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
+    page = offline.open((site / NOTEBOOK_00).as_uri())
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=DRAW_TIMEOUT_MS)
+    offline.assert_offline_and_clean()
+
+
+def test_no_page_loads_scripts_from_other_hosts(site):
+    assert book.offsite_references(site) == []
+
+
+def test_the_blocker_records_what_it_blocks(server, offline):
+    page = offline.open(f"{server}/index.html")
+    page.evaluate("fetch('https://cdn.jsdelivr.net/npm/mermaid/dist/mermaid.min.js').catch(() => null)")
+    page.wait_for_timeout(200)
+    assert offline.blocked == ["https://cdn.jsdelivr.net/npm/mermaid/dist/mermaid.min.js"]
