@@ -89,3 +89,4 @@ def setup(app):
             app.disconnect(listener.id)
     app.connect("html-page-context", _install_local_scripts)
     app.add_css_file("inferlab.css")
+suppress_warnings = ["mystnb.unknown_mime_type"]  # the plotly and mermaid MIME types: the HTML/markdown twin is shown

@@ -7,13 +7,15 @@ import functools
 import http.server
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from book import build as book
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds book/
+from book import build as book  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
