@@ -1,0 +1,61 @@
+"""``inferlab models``: the embedded model pair that ships inside the package.
+
+Each model is an HF-format folder under ``inferlab/assets/models/<name>/``; ``metrics.json``
+beside the weights holds the figures measured when it was trained (written by ``inferlab train``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from inferlab.loader import ASSETS, EMBEDDED_MODELS
+
+
+def _param_count(folder: Path) -> int | None:
+    """Parameters counted from the safetensors header (no weights are read)."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    if not path.exists():
+        return None
+    total = 0
+    with safe_open(str(path), framework="pt") as f:
+        for key in f.keys():
+            n = 1
+            for dim in f.get_slice(key).get_shape():
+                n *= dim
+            total += n
+    return total
+
+
+def list_models() -> list[dict]:
+    """One entry per embedded model that is built: {"name", "path", "params", "test_ppl"}."""
+    out = []
+    for name in EMBEDDED_MODELS:
+        folder = ASSETS / name
+        if not (folder / "config.json").exists():
+            continue
+        metrics_path = folder / "metrics.json"
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        out.append({"name": name, "path": str(folder), "params": metrics.get("params") or _param_count(folder),
+                    "test_ppl": metrics.get("test_ppl")})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="inferlab models", description="List the embedded models.")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    args = p.parse_args(argv)
+    models = list_models()
+    if args.json:
+        print(json.dumps(models))
+        return 0
+    if not models:
+        print("no embedded models built yet: run `inferlab train --budget 55`")
+        return 0
+    print(f"{'name':<8} {'params':>10} {'test ppl':>9}  path")
+    for m in models:
+        ppl = f"{m['test_ppl']:.2f}" if m["test_ppl"] is not None else "-"
+        print(f"{m['name']:<8} {m['params']:>10,} {ppl:>9}  {m['path']}")
+    return 0
