@@ -159,8 +159,9 @@ def offsite_references(root: Path = OUT) -> list[str]:
     """Every <script>, <link>, <img> or <iframe> in the built site that loads from another host."""
     found = []
     for page in sorted(root.rglob("*.html")):
-        for m in _OFFSITE.finditer(page.read_text(errors="replace")):
-            tag = page.read_text(errors="replace")[m.start(): m.start() + 200].split(">")[0]
+        text = page.read_text(errors="replace")
+        for m in _OFFSITE.finditer(text):
+            tag = text[m.start(): m.start() + 200].split(">")[0]
             found.append(f"{page.relative_to(root)}: {tag}>")
     return found
 

@@ -7,11 +7,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from inferlab import grade
+from inferlab import cli, grade
 from inferlab.errors import InferlabError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,10 +23,18 @@ def test_labs_are_discovered():
     assert (REPO / "labs" / "00_roofline") in LABS
 
 
+def grade_both_ways(lab):
+    """Starter and reference results, graded side by side (each is its own subprocess)."""
+    with ThreadPoolExecutor(2) as pool:
+        starter = pool.submit(grade.run_lab, lab)
+        reference = pool.submit(grade.run_lab, lab, reference=True)
+        return starter.result(), reference.result()
+
+
 @pytest.fixture(scope="module", params=LABS, ids=[p.name for p in LABS])
 def graded(request):
     lab = request.param
-    return lab, grade.run_lab(lab), grade.run_lab(lab, reference=True)
+    return (lab, *grade_both_ways(lab))
 
 
 def test_every_graded_test_fails_on_the_starter(graded):
@@ -121,10 +130,11 @@ def mini_lab(tmp_path_factory):
 def mini_results(mini_lab, tmp_path_factory, monkeypatch_module):
     monkeypatch_module.setenv("PYTHONPATH", str(mini_lab.parent))
     out = tmp_path_factory.mktemp("out") / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "inferlab", "grade", str(mini_lab), "--json", str(out)],
-                          capture_output=True, text=True)
-    ref = grade.run_lab(mini_lab, reference=True)
-    return proc, json.loads(out.read_text()), ref
+    with ThreadPoolExecutor(2) as pool:
+        cli_run = pool.submit(subprocess.run, [sys.executable, "-m", "inferlab", "grade", str(mini_lab),
+                                               "--json", str(out)], capture_output=True, text=True)
+        ref = pool.submit(grade.run_lab, mini_lab, reference=True)
+        return cli_run.result(), json.loads(out.read_text()), ref.result()
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +179,12 @@ def test_reference_mode_grades_the_reference(mini_results):
     assert ref["mode"] == "reference"
 
 
-def test_a_missing_lab_is_a_clear_error(tmp_path):
+def test_a_missing_lab_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(InferlabError, match="no lab folder .*labs/00_roofline"):
         grade.find_lab(tmp_path / "nowhere")
     with pytest.raises(InferlabError, match="no graded tests"):
         grade.find_lab(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "inferlab", "grade", "labs/99_missing"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("inferlab grade: error: no lab folder 'labs/99_missing'")
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert cli.main(["grade", "labs/99_missing"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferlab grade: error: no lab folder 'labs/99_missing'")
+    assert len(err.strip().splitlines()) == 1
