@@ -68,7 +68,7 @@ def _pytest_command(lab: Path, reference: bool, raw_json: Path) -> list[str]:
            "-o", "addopts=", "--grade-json", str(raw_json), "--color=no", "-rN"]
     try:
         import pytest_timeout  # noqa: F401
-        cmd.append(f"--timeout={TIMEOUT_PER_TEST_S}")
+        cmd += ["-p", "pytest_timeout", f"--timeout={TIMEOUT_PER_TEST_S}"]  # an endless loop fails, not hangs
     except ImportError:
         pass
     if reference:
@@ -81,7 +81,10 @@ def run_lab(lab: str | os.PathLike, reference: bool = False) -> dict:
     lab_dir = find_lab(lab)
     with tempfile.TemporaryDirectory(prefix="inferlab-grade-") as tmp:
         raw_json = Path(tmp) / "raw.json"
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1"}
+        # Only the plugins grading needs: loading every installed pytest plugin (nbval, jupyter,
+        # playwright...) would double the time a student waits for a grade.
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1",
+               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         env.pop("INFERLAB_LAB_IMPL", None)
         proc = subprocess.run(_pytest_command(lab_dir, reference, raw_json), cwd=tmp, env=env,
                               capture_output=True, text=True)
