@@ -140,6 +140,9 @@ def main(argv: list[str]) -> int:
     results = run_lab(args.lab, reference=args.reference)
     print(format_summary(results, quiet=args.quiet))
     if args.json:
-        Path(args.json).write_text(json.dumps(gradescope_json(results), indent=2) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(gradescope_json(results), indent=2) + "\n")
+        except OSError as exc:
+            raise InferlabError(f"cannot write {args.json}: {exc.strerror}") from exc
     full = results["max_score"] > 0 and results["score"] == results["max_score"]
     return 0 if full else 1

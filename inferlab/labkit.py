@@ -320,10 +320,12 @@ def pytest_runtest_logreport(report):
 
 def pytest_collectreport(report):
     if _session["results"] is not None and report.failed:
+        text = report.longreprtext
+        errors = [line[2:] for line in text.splitlines() if line.startswith("E ")]
         _session["results"].append({
             "nodeid": report.nodeid or "collection", "max_score": 0, "passed": False,
             "skipped": False, "collection_error": True,
-            "output": f"could not load the tests:\n{report.longreprtext}"})
+            "output": "could not load the tests:\n" + ("\n".join(errors) if errors else text)})
 
 
 def pytest_sessionfinish(session, exitstatus):
