@@ -124,6 +124,9 @@ def test_architecture_page_draws_its_mermaid_diagram(server, offline):
 def test_notebook_00_draws_plotly_mermaid_and_math(server, offline):
     page = offline.open(f"{server}/{NOTEBOOK_00}")
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=DRAW_TIMEOUT_MS)
+    # every figure snapshot the notebook stored is drawn, not only the first
+    page.wait_for_function("() => [...document.querySelectorAll('.inferlab-plotly')]"
+                           ".every(div => div.querySelector('svg.main-svg'))", timeout=DRAW_TIMEOUT_MS)
     assert page.locator(".js-plotly-plot").count() >= 1
     page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
     page.wait_for_selector("mjx-container", timeout=DRAW_TIMEOUT_MS)
