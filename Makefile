@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # on a GPU machine the default PyPI build, which carries CUDA.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
 
-.PHONY: setup lab test test-fast book train clean
+.PHONY: setup lab test test-fast book train clean notebooks
 
 setup: $(STAMP)
 
@@ -19,17 +19,29 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# nbval re-runs every notebook and compares each cell's output with the stored one.
+NBVAL := TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	--nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=300
+
 lab: setup
 	cd notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.open_browser=True
 
 test: setup
 	$(PY) -m pytest -q tests
+	$(NBVAL) notebooks
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow and not browser"
 
 book: setup
 	$(PY) -m book.build
+
+# Re-execute every notebook in place (stored outputs are what nbval compares and the book shows).
+# Widget state is not stored: it would embed each widget's JavaScript (megabytes) in the file.
+notebooks: setup
+	cd notebooks && TQDM_DISABLE=1 ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
+		--ExecutePreprocessor.record_timing=False [0-9][0-9]_*.ipynb
 
 train: setup
 	$(VENV)/bin/inferlab train

@@ -1,0 +1,118 @@
+"""Figures that are live in JupyterLab and still readable in the static book.
+
+A notebook output can carry several representations of the same thing (a "MIME bundle"); each
+front end shows the richest one it understands:
+
+    JupyterLab     application/vnd.jupyter.widget-view+json   a live widget, talking to the kernel
+                   application/vnd.plotly.v1+json             a plotly figure (jupyterlab-plotly)
+    the book       text/html                                  a static snapshot drawn by plotly.js
+
+The HTML snapshot never points at a CDN: it uses ``window.Plotly`` when the page already loaded
+it, and otherwise loads ``_static/plotly.min.js`` relative to the site root (Sphinx writes that
+root on every page), which the book build copies from the installed plotly package.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import itertools
+import json
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+#: Where the static snapshot finds plotly.js, relative to the root of the built site.
+PLOTLY_JS_PATH = "_static/plotly.min.js"
+
+_figure_counter = itertools.count()
+
+_LOADER = """<script>
+(function () {
+  var fig = %(json)s;
+  function draw(Plotly) {
+    Plotly.newPlot(%(div_id_js)s, fig.data, fig.layout, {responsive: true, displaylogo: false});
+  }
+  if (window.Plotly) { draw(window.Plotly); return; }
+  if (!window.__inferlabPlotly) {
+    window.__inferlabPlotly = new Promise(function (resolve, reject) {
+      var root = document.documentElement.getAttribute("data-content_root");
+      if (root === null) {  // older Sphinx: derive the root from a script it always adds
+        var opt = document.querySelector('script[src$="documentation_options.js"]');
+        root = opt ? opt.getAttribute("src").replace(/_static\\/documentation_options\\.js$/, "") : "./";
+      }
+      var s = document.createElement("script");
+      s.src = root + %(path_js)s;
+      s.onload = function () { resolve(window.Plotly); };
+      s.onerror = reject;
+      document.head.appendChild(s);
+    });
+  }
+  window.__inferlabPlotly.then(draw);
+})();
+</script>"""
+
+
+def figure_json(fig: go.Figure) -> str:
+    """The figure as plotly JSON (what both plotly.js and the plotly MIME type consume)."""
+    return pio.to_json(go.Figure(fig), validate=False, pretty=False)
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A self-drawing ``<div>`` + ``<script>`` snapshot of ``fig`` that loads only local plotly.js.
+
+    The div id is derived from the figure's content and a per-process counter, so re-running a
+    notebook from the top reproduces the same HTML byte for byte (nbval can compare it).
+    """
+    payload = figure_json(fig)
+    digest = hashlib.sha1(payload.encode()).hexdigest()[:10]
+    div_id = f"inferlab-fig-{digest}-{next(_figure_counter)}"
+    height = (fig.layout.height or 420) if hasattr(fig, "layout") else 420
+    safe = payload.replace("</", "<\\/")  # a "</script>" inside a string must not end the tag
+    script = _LOADER % {"json": safe, "div_id_js": json.dumps(div_id), "path_js": json.dumps(PLOTLY_JS_PATH)}
+    return (f'<div id="{div_id}" class="inferlab-plotly" style="width:100%;height:{int(height)}px">'
+            f"</div>\n{script}")
+
+
+class StaticFigure:
+    """Display wrapper for a plotly figure: plotly MIME for JupyterLab, HTML snapshot for the book."""
+
+    def __init__(self, fig: go.Figure, description: str | None = None):
+        self.figure = go.Figure(fig)
+        self.description = description
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        title = self.figure.layout.title.text or "figure"
+        return {
+            "application/vnd.plotly.v1+json": json.loads(figure_json(self.figure)),
+            "text/html": figure_html(self.figure),
+            "text/plain": self.description or f"<plotly figure: {title}>",
+        }
+
+
+class Live:
+    """A live widget (controls + a ``go.FigureWidget``) that also carries a static snapshot.
+
+    In JupyterLab the widget view wins and every control redraws the figure through the kernel.
+    Where no kernel exists (the book), the ``text/html`` snapshot shows the figure as it was when
+    the cell ran, with the ``header`` widget's HTML (a readout of the numbers) above it.
+    """
+
+    def __init__(self, widget, figure: go.FigureWidget, header=None, description: str = "live figure"):
+        self.widget, self.figure, self.header, self.description = widget, figure, header, description
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        top = f"<div>{self.header.value}</div>\n" if self.header is not None else ""
+        bundle["text/html"] = top + figure_html(self.figure)
+        # ipywidgets' own text/plain is a repr of every child (ids, values): replace it with prose
+        bundle["text/plain"] = f"<{self.description}: live in JupyterLab, a static snapshot elsewhere>"
+        return bundle
+
+
+def show(fig) -> StaticFigure:
+    """Return a displayable version of ``fig`` (end a cell with it, or pass it to ``display``)."""
+    return StaticFigure(fig)
+
+
+def escape(text: str) -> str:
+    return html.escape(str(text), quote=False)
