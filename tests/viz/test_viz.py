@@ -1,0 +1,98 @@
+"""inferlab.viz: offline diagrams, figures with a static twin, the calculator, notebook helpers."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("ipywidgets")
+
+import plotly.graph_objects as go  # noqa: E402
+import torch  # noqa: E402
+
+from inferlab import roofline, viz  # noqa: E402
+from inferlab.viz import notebook as nb_helpers  # noqa: E402
+
+
+def test_mermaid_never_calls_the_web_service(monkeypatch):
+    import mermaid
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mermaid.Mermaid(...) sends the diagram to a web service")
+
+    monkeypatch.setattr(mermaid.Mermaid, "__init__", refuse)
+    chart = viz.flowchart("t", nodes=[("a", "A"), ("b", "B: two")], edges=[("a", "b", "go")],
+                          links={"b": "02_kv_cache.ipynb"})
+    bundle = viz.mermaid(chart)._repr_mimebundle_()
+    assert set(bundle) == {"text/vnd.mermaid", "text/markdown", "text/plain"}
+    script = bundle["text/vnd.mermaid"]
+    assert script.startswith("flowchart LR") and "---" not in script  # no front matter for MyST to misread
+    assert 'a -->|"go"| b' in script and 'click b "02_kv_cache.ipynb"' in script
+    assert bundle["text/markdown"] == f"```mermaid\n{script}```\n"
+
+
+def test_figure_html_loads_only_local_plotly_and_is_reproducible():
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout=dict(title="a </script> title"))
+    first, second = viz.figure_html(fig), viz.figure_html(fig)
+    assert viz.PLOTLY_JS_PATH in first and "cdn" not in first.lower()
+    assert not re.search(r"""src=["']https?:""", first)
+    assert "</script> title" not in first  # a string in the figure cannot close the script tag
+    ids = [re.search(r'id="(inferlab-fig-[0-9a-f]{10})-\d+"', h).group(1) for h in (first, second)]
+    assert ids[0] == ids[1]  # same content, same id stem: nbval can compare the stored HTML
+    bundle = viz.show(fig)._repr_mimebundle_()
+    assert set(bundle) == {"application/vnd.plotly.v1+json", "text/html", "text/plain"}
+
+
+def test_calculator_bundle_and_controls_redraw_the_figure():
+    live = viz.roofline_calculator(roofline.PRESETS, params_b=70, bits=16, batch=1, start="H100 SXM")
+    bundle = live._repr_mimebundle_()
+    assert {"application/vnd.jupyter.widget-view+json", "text/html", "text/plain"} <= set(bundle)
+    assert "23.9 tokens/s" in bundle["text/html"] and "140.0 GB" in bundle["text/html"]
+    assert "model_id" not in bundle["text/plain"]
+    controls = {c.description: c for row in live.widget.children[:2] for c in row.children}
+    decode = live.figure.data[1]
+    x_before = decode.x[0]
+    controls["batch"].value = 64
+    assert live.figure.data[1].x[0] == pytest.approx(64 * x_before)
+    assert "batch of 64" in live.header.value
+    controls["precision"].value = 4
+    assert "35.0 GB" in live.header.value
+    controls["hardware"].value = "H200 SXM"
+    assert live.figure.data[0].name == "H200 SXM roofline"
+
+
+def test_roofline_figure_marks_points():
+    hw = roofline.PRESETS["A100 80GB SXM"]
+    fig = viz.roofline_figure(hw, [{"name": "p", "intensity": 1.0, "flops": 1e12}])
+    xs, ys = fig.data[0].x, fig.data[0].y
+    assert max(ys) == hw.peak_flops and hw.ridge_point in xs
+    assert fig.data[1].name == "p"
+    assert viz.attainable_flops(hw, 1.0) == hw.mem_bandwidth
+
+
+def test_seed_everything_repeats_random_draws():
+    viz.seed_everything(3)
+    a = torch.randn(4)
+    viz.seed_everything(3)
+    assert torch.equal(a, torch.randn(4))
+
+
+def test_progress_honours_tqdm_disable(monkeypatch):
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert viz.progress(range(3)).disable
+    assert list(viz.progress(range(3))) == [0, 1, 2]
+
+
+def test_demo_model_prefers_the_embedded_target(tmp_path, monkeypatch):
+    (tmp_path / "target").mkdir()
+    monkeypatch.setattr(nb_helpers, "EMBEDDED_TARGET", tmp_path / "target")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fallback = viz.demo_model()  # no config.json yet: the tiny random model
+    assert fallback.startswith(str(tmp_path / "cache"))
+    from inferlab import LLM, SamplingParams
+    llm = LLM(model=fallback, device="cpu")
+    out = llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+    (tmp_path / "target" / "config.json").write_text("{}")
+    assert viz.demo_model() == "target"
