@@ -51,20 +51,21 @@ def demo_model(name: str = "target") -> str:
 
 
 def tiny_random_model(folder: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """Write (once) a ~3M-parameter random Llama checkpoint in HF format and return its folder."""
+    """Write (once) a random Llama with the embedded target's shape (6 layers, width 256, GQA 8:2)
+    but a 512-entry vocabulary, in HF format, and return its folder (~4.6M parameters)."""
     from inferlab.config import ModelConfig
     from inferlab.loader import save_checkpoint
     from inferlab.model import CausalLM
     from inferlab.tokenizer import Tokenizer
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferlab"
-    folder = Path(folder) if folder is not None else cache / "tiny-random-llama"
+    folder = Path(folder) if folder is not None else cache / "random-llama-w256-l6"
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
     hf_tok = _train_tiny_tokenizer(vocab_size=512)
     eos = hf_tok.token_to_id("<|endoftext|>")
     cfg = ModelConfig(vocab_size=hf_tok.get_vocab_size(), hidden_size=256, intermediate_size=768,
-                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                      num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                       max_position_embeddings=1024, tie_word_embeddings=True, eos_token_ids=(eos,))
     gen = torch.Generator().manual_seed(seed)
     model = CausalLM(cfg)
