@@ -205,6 +205,8 @@ def test_notebook_00_runs_renders_and_reacts(jupyterlab, chromium, tmp_path):
             assert "batch of 1 " not in header_after
 
             page.locator(calc).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
+            page.locator(".jp-OutputArea .jp-RenderedMermaid").first.screenshot(
+                path=str(ARTIFACTS / "jupyterlab_00_pipeline.png"))
             page.screenshot(path=str(ARTIFACTS / "jupyterlab_00.png"))
         except BaseException:
             if page is not None:  # keep what the browser showed, for whoever reads the failure
