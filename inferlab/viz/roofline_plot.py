@@ -68,7 +68,8 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
 
     The figure marks two points for the chosen model: one decode step (``batch`` tokens share one
     read of the weights) and a prefill of ``prompt_tokens`` tokens (they all share one read).
-    ``measured`` adds points per hardware name (e.g. this machine's measured runs).
+    ``measured`` adds points per hardware name (e.g. this machine's measured runs); the returned
+    ``Live`` has ``.place(hardware_name, points)`` to add them after the fact.
     """
     import ipywidgets as W
 
@@ -112,4 +113,12 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
     redraw()
     box = W.VBox([W.HBox([hw_box, prec]), W.HBox([size, bat]), header, fig])
     box.add_class("inferlab-roofline-calculator")
-    return Live(box, fig, header=header, description="roofline calculator")
+    live = Live(box, fig, header=header, description="roofline calculator")
+
+    def place(hardware_name: str, points: list[dict]) -> None:
+        """Mark measured points ({"name", "intensity", "flops"}) on ``hardware_name``'s roofline."""
+        measured[hardware_name] = list(points)
+        redraw()
+
+    live.place = place
+    return live

@@ -96,3 +96,13 @@ def test_demo_model_prefers_the_embedded_target(tmp_path, monkeypatch):
     assert len(out[0].outputs[0].token_ids) == 3
     (tmp_path / "target" / "config.json").write_text("{}")
     assert viz.demo_model() == "target"
+
+
+def test_calculator_places_measured_points_on_their_hardware():
+    hardware = {**roofline.PRESETS, "mine": roofline.Hardware("mine", 1e11, 1e10, 1e9)}
+    live = viz.roofline_calculator(hardware, start="H100 SXM")
+    live.place("mine", [{"name": "decode", "intensity": 0.5, "flops": 1e9}])
+    assert live.figure.data[3].x == ()  # shown only on the hardware they were measured on
+    controls = {c.description: c for row in live.widget.children[:2] for c in row.children}
+    controls["hardware"].value = "mine"
+    assert live.figure.data[3].x == (0.5,) and live.figure.data[3].text == ("decode",)
