@@ -138,7 +138,7 @@ def _figure_svg(page, scope: str) -> str:
     return page.locator(f"{scope} .js-plotly-plot svg.main-svg").first.inner_html()
 
 
-def test_notebook_00_runs_renders_and_reacts(jupyterlab, chromium, tmp_path):
+def test_notebook_00_runs_renders_and_reacts(chromium, jupyterlab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
