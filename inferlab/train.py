@@ -360,9 +360,17 @@ def finish(out_dir: Path, run_dir: Path, names: list[str], corpus_info: dict, ar
     if not models:
         return
     tok = next(iter(models.values()))[1]
-    ids = test_stream(tok, max_files=args.max_files)
+    ids = None
     for n, (model, _) in models.items():
+        saved = out_dir / n / "metrics.json"
+        if args.cards_only and not args.remeasure and saved.exists():  # rewrite the card text only
+            m = json.loads(saved.read_text())
+            results[n] = {"ppl": m["test_ppl"], "nll_per_token": m["test_nll_per_token"], "tokens": m["test_tokens"]}
+            if n == "draft" and m.get("draft_target_agreement") is not None:
+                results[n]["agreement"] = m["draft_target_agreement"]
+            continue
         ref = models["target"][0] if n == "draft" and "target" in models else None
+        ids = test_stream(tok, max_files=args.max_files) if ids is None else ids
         results[n] = evaluate(model, ids, reference=ref, max_tokens=args.eval_tokens)
         log.info("%s: test ppl %.3f over %d tokens%s", n, results[n]["ppl"], results[n]["tokens"],
                  f", greedy agreement with target {results[n]['agreement']:.4f}" if ref is not None else "")
@@ -389,7 +397,8 @@ def model_card(name: str, cfg: ModelConfig, m: dict, sample: str) -> str:
     t, c = m["training"], m["corpus"]
     other = "draft" if name == "target" else "target"
     agree = (f"{m['draft_target_agreement']:.1%} of test-split positions: the draft's greedy next token equals "
-             f"the target's (an upper bound on what speculative decoding's draft gets accepted at temperature 0)."
+             f"the target's, on the test split's own text. At temperature 0 this estimates the chance that "
+             f"speculative decoding accepts each draft token."
              if m["draft_target_agreement"] is not None else "not measured (the other model is missing).")
     minutes = f"{t['train_time_s'] / 60:.1f} min" if t.get("train_time_s") else "unknown"
     return f"""# inferlab/{name}
@@ -426,7 +435,7 @@ AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), peak learning rate {t.get(
 warmup then cosine decay to 10% of the peak, gradient clipping at 1.0, batches of
 {t.get('batch_size')} random windows of {t.get('seq_len')} tokens from the train split, float32 on CPU,
 GPT-2 style initialisation, seed {t.get('seed')}. {t.get('steps')} steps, {t.get('tokens_seen', 0):,} tokens
-seen, {minutes} of wall-clock time on 2 CPU cores.
+seen, {minutes} of wall-clock time on 2 CPU cores shared with other jobs.
 
 ## Results
 
@@ -450,12 +459,16 @@ Greedy completion (`inferlab generate "def fibonacci(n):" --model {name}`):
 ## Retraining
 
 ```bash
-inferlab train --budget 55        # both models, about an hour on 2 CPU cores; resumable
-inferlab train --steps {t.get('steps')} --models {name}   # replays this model's schedule
+inferlab train --budget 60 --threads 1           # both models, resumable; draft first
+inferlab train --models {name} --steps {t.get('steps')}   # a run of exactly this model's length, same seed
+inferlab eval ppl --model {name} --json          # the perplexity above
 ```
 
-Checkpoints and logs go to `runs/stdlib/` (resumable: rerun the same command after an interruption).
-`inferlab train --help` lists every option.
+`--budget` fits the number of steps to the measured speed (re-fitted during the first half of
+the run), so its length depends on the machine; `--steps` fixes it. With other jobs sharing the
+cores, `--threads 1` avoids threads waiting on each other and is several times faster.
+Checkpoints, the token cache and `train.log` go to `runs/stdlib/`; rerunning the same command
+after an interruption resumes from the last checkpoint. `inferlab train --help` lists every option.
 """
 
 
@@ -479,8 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=50, help="steps between log lines with a validation loss")
     p.add_argument("--eval-tokens", type=int, default=None, help="cap the test tokens scored for the model cards")
     p.add_argument("--no-ship", action="store_true", help="train only; do not write the model folders")
-    p.add_argument("--cards-only", action="store_true", help="re-measure the shipped models and rewrite their cards")
+    p.add_argument("--cards-only", action="store_true",
+                   help="rewrite the shipped models' cards (reusing metrics.json unless --remeasure)")
+    p.add_argument("--remeasure", action="store_true", help="with --cards-only: measure perplexity and agreement again")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: torch's choice); 1 is faster when other jobs share the cores")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="train eagerly (torch.compile costs ~1 minute up front, then runs ~2x faster on CPU)")
     return p
@@ -510,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         raise InferlabError("--budget must be a positive number of minutes")
     if args.steps is None and args.budget is None and not args.cards_only:
         raise InferlabError("give --budget MINUTES (a full run: --budget 55) or --steps N (a smoke run)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     run_dir, out_dir = Path(args.run_dir), Path(args.out)
     setup_logging(run_dir)
     log.info("inferlab train %s", " ".join(sys.argv[1:] if argv is None else argv))

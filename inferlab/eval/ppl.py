@@ -38,14 +38,12 @@ def windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
     """
     if not 0 < stride <= window:
         raise InferlabError(f"stride must be in 1..window ({window}), got {stride}")
+    overlap = max(1, window - stride)  # context carried into the next window (>= 1 token)
     out, scored_to, begin = [], 1, 0
     while scored_to < n:
         end = min(begin + window, n)
         out.append((begin, end, scored_to))
-        scored_to = end
-        begin += stride
-        if end == n:
-            break
+        scored_to, begin = end, end - overlap
     return out
 
 
