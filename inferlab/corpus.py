@@ -89,4 +89,4 @@ def fingerprint(files: list[SourceFile]) -> str:
 def describe() -> str:
     """One line saying which interpreter the corpus comes from."""
     v = sys.version_info
-    return f"Python {v.major}.{v.minor}.{v.micro} standard library at {stdlib_root()}"
+    return f"The Python {v.major}.{v.minor}.{v.micro} standard library"

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(models))
         return 0
     if not models:
-        print("no embedded models built yet: run `inferlab train --budget 55`")
+        print("no embedded models built yet: run `inferlab train --budget 60`")
         return 0
     print(f"{'name':<8} {'params':>10} {'test ppl':>9}  path")
     for m in models:

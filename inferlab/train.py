@@ -401,12 +401,14 @@ def model_card(name: str, cfg: ModelConfig, m: dict, sample: str) -> str:
              f"speculative decoding accepts each draft token."
              if m["draft_target_agreement"] is not None else "not measured (the other model is missing).")
     minutes = f"{t['train_time_s'] / 60:.1f} min" if t.get("train_time_s") else "unknown"
+    rows = "\n".join(f"| {s} | {c['files'][s]} | {c['tokens'][s]:,} |" for s in corpus.SPLITS)
     return f"""# inferlab/{name}
 
 A {m['params'] / 1e6:.2f}M-parameter Llama-architecture code-completion model, trained from scratch by
 `inferlab train` on the Python standard library. It is the {name} of inferlab's embedded model pair:
 the {other} shares its tokenizer, so the two can be used together for speculative decoding.
-Small enough to train on a laptop CPU in under an hour; good enough to complete Python idioms.
+Small enough to train on two CPU cores in about an hour; it completes Python idioms, but
+as a model of a few million parameters it also repeats itself.
 
 ## Architecture
 
@@ -423,10 +425,16 @@ Small enough to train on a laptop CPU in under an hour; good enough to complete 
 
 ## Corpus and split
 
-{c['source']}: every non-test `.py` file (folders `test`, `tests`, `idle_test` and files `test_*.py`
+{c["source"]}: every non-test `.py` file (folders `test`, `tests`, `idle_test` and files `test_*.py`
 left out), read at training time, never copied. Files are assigned to a split by a hash of their
 relative path (`sha256 mod 100`: 0-89 train, 90-94 validation, 95-99 test), so the split is the same
-on every machine. Files: {c['files']}; tokens: {c['tokens']} (corpus fingerprint `{c['fingerprint']}`).
+on every machine.
+
+| split | files | tokens |
+|---|---|---|
+{rows}
+
+Corpus fingerprint `{c['fingerprint']}` (a hash of the files' paths and contents).
 Each file is preceded by `<|endoftext|>` and the files are joined into one stream per split.
 
 ## Training recipe
@@ -526,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None and args.budget <= 0:
         raise InferlabError("--budget must be a positive number of minutes")
     if args.steps is None and args.budget is None and not args.cards_only:
-        raise InferlabError("give --budget MINUTES (a full run: --budget 55) or --steps N (a smoke run)")
+        raise InferlabError("give --budget MINUTES (a full run: --budget 60) or --steps N (a smoke run)")
     if args.threads:
         torch.set_num_threads(args.threads)
     run_dir, out_dir = Path(args.run_dir), Path(args.out)

@@ -24,5 +24,5 @@ def shipped(request):
     """The folder of one shipped model (skips when the pair has not been trained yet)."""
     folder = ASSETS / request.param
     if not (folder / "model.safetensors").exists():
-        pytest.skip(f"embedded model {request.param!r} not built: run `inferlab train --budget 55`")
+        pytest.skip(f"embedded model {request.param!r} not built: run `inferlab train --budget 60`")
     return request.param, folder
