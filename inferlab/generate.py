@@ -36,6 +36,12 @@ def decode_one_token(model, tokens, positions, cache, cache_start, attn_mask=Non
     return model(tokens[:, None], meta)[:, -1]
 
 
+def _sync(device) -> None:
+    """GPU kernels run asynchronously: wait for them before reading the clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _padded_batch(prompts: list[list[int]], total_len: int, device):
     """Left-pad prompts; return input_ids, positions, key mask over all slots, prefill mask."""
     b, p = len(prompts), max(len(x) for x in prompts)
@@ -85,6 +91,7 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
     t0 = time.perf_counter()
     logits = prefill(model, input_ids, positions, cache, mask)
     tokens = sample(logits, sps, gens)
+    _sync(device)
     t1 = time.perf_counter()
     next_pos = positions[:, -1] + 1
     slot, steps = p, 0
@@ -99,6 +106,7 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
         logits = decode_one_token(model, tokens, next_pos, cache, slot, step_mask)
         tokens = sample(logits, sps, gens)
         next_pos, slot, steps = next_pos + 1, slot + 1, steps + 1
+    _sync(device)
     t2 = time.perf_counter()
     if stats is not None:
         prompt_tokens = sum(len(x) for x in prompts)
