@@ -24,7 +24,8 @@ NBVAL := TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-c
 	--nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=300
 
 lab: setup
-	cd notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.open_browser=True
+	cd notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.open_browser=True \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(PY) -m pytest -q tests
