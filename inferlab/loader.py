@@ -160,6 +160,9 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
             tokenizer.save(tmp / "tokenizer.json")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
