@@ -25,6 +25,10 @@ class Hardware:
     mem_bandwidth: float  # bytes/s
     memory_bytes: float
 
+    def attainable_flops(self, intensity: float) -> float:
+        """The roofline: min(peak FLOP/s, intensity x bandwidth) for ``intensity`` FLOPs per byte."""
+        return min(self.peak_flops, intensity * self.mem_bandwidth)
+
     @property
     def ridge_point(self) -> float:
         """FLOPs per byte above which a kernel is compute-bound on this machine."""

@@ -24,11 +24,11 @@ _X_RANGE = (0.05, 20000.0)  # FLOP/byte shown on the x axis
 def _roof_xy(hw: roofline.Hardware):
     lo, hi = _X_RANGE
     xs = [lo, hw.ridge_point, hi] if lo < hw.ridge_point < hi else [lo, hi]
-    return xs, [min(hw.peak_flops, x * hw.mem_bandwidth) for x in xs]
+    return xs, [hw.attainable_flops(x) for x in xs]
 
 
 def attainable_flops(hw: roofline.Hardware, intensity: float) -> float:
-    return min(hw.peak_flops, intensity * hw.mem_bandwidth)
+    return hw.attainable_flops(intensity)
 
 
 def roofline_figure(hw: roofline.Hardware, points: list[dict] | None = None, title: str | None = None,
