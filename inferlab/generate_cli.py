@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(args.prompt)
     for seqs in generate_stream(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer, stats):
         seq = seqs[0]
-        text = seq.stop_text if seq.stop_text is not None else llm.tokenizer.decode(seq.output_token_ids)
+        text = seq.output_text(llm.tokenizer)
         if not args.json and text.startswith(printed) and not text.endswith("\ufffd"):
             sys.stdout.write(text[len(printed):])
             sys.stdout.flush()

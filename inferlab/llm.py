@@ -77,10 +77,7 @@ class LLM:
         return [self._output(i, t, s) for i, (t, s) in enumerate(zip(texts, seqs))]
 
     def _output(self, i: int, prompt: str | None, seq) -> RequestOutput:
-        text = seq.stop_text
-        if text is None:
-            text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer else ""
-        comp = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason)
+        comp = CompletionOutput(0, seq.output_text(self.tokenizer), list(seq.output_token_ids), seq.finish_reason)
         return RequestOutput(str(i), prompt, list(seq.prompt_token_ids), [comp])
 
 

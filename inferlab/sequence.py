@@ -31,6 +31,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def output_text(self, tokenizer) -> str:
+        """The generated text: cut before the stop string that matched, if one did."""
+        if self.stop_text is not None:
+            return self.stop_text
+        return tokenizer.decode(self.output_token_ids) if tokenizer is not None else ""
+
     def append_token(self, token: int, eos_token_ids, tokenizer=None) -> None:
         """Add one generated token and decide whether the sequence is done."""
         self.output_token_ids.append(token)
