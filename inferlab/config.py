@@ -75,7 +75,10 @@ class ModelConfig:
         else:
             attn_bias = o_bias = bool(raw.get("attention_bias", False))
         window = raw.get("sliding_window")
-        if kind == "qwen2" and not raw.get("use_sliding_window", False):
+        if kind == "qwen2":
+            if raw.get("use_sliding_window", False):  # Qwen2 windows only some layers
+                raise CheckpointError("Qwen2 with use_sliding_window=true (a window on some layers only) "
+                                      "is not supported: set use_sliding_window to false in config.json")
             window = None
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))

@@ -22,17 +22,16 @@ from inferlab.sampling import SamplingParams, make_generator, sample
 from inferlab.sequence import Sequence, SequenceStatus
 
 
-def prefill(model, input_ids, positions, cache, attn_mask=None) -> torch.Tensor:
+def prefill(model, input_ids, positions, cache, key_mask=None) -> torch.Tensor:
     """Run the prompt [B, T] through the model, filling the cache; return last logits [B, V]."""
-    meta = AttentionMetadata(positions=positions, kv_cache=cache, cache_start=0,
-                             attn_mask=attn_mask, is_causal=attn_mask is None)
+    meta = AttentionMetadata(positions=positions, kv_cache=cache, cache_start=0, key_mask=key_mask)
     return model(input_ids, meta, last_only=True)[:, -1]
 
 
-def decode_one_token(model, tokens, positions, cache, cache_start, attn_mask=None) -> torch.Tensor:
+def decode_one_token(model, tokens, positions, cache, cache_start, key_mask=None) -> torch.Tensor:
     """One new token per row: tokens [B] at cache slot ``cache_start``; return logits [B, V]."""
     meta = AttentionMetadata(positions=positions[:, None], kv_cache=cache, cache_start=cache_start,
-                             attn_mask=attn_mask, is_causal=False)
+                             key_mask=key_mask)
     return model(tokens[:, None], meta)[:, -1]
 
 
@@ -43,11 +42,11 @@ def _sync(device) -> None:
 
 
 def _padded_batch(prompts: list[list[int]], total_len: int, device):
-    """Left-pad prompts; return input_ids, positions, key mask over all slots, prefill mask."""
+    """Left-pad prompts; return input_ids, positions and the key mask over all slots (None: no padding)."""
     b, p = len(prompts), max(len(x) for x in prompts)
     input_ids = torch.zeros(b, p, dtype=torch.long)
     key_mask = torch.ones(b, total_len, dtype=torch.bool)
-    pads = []
+    pads = []  # left padding per row
     for i, ids in enumerate(prompts):
         pad = p - len(ids)
         input_ids[i, pad:] = torch.tensor(ids)
@@ -55,13 +54,8 @@ def _padded_batch(prompts: list[list[int]], total_len: int, device):
         pads.append(pad)
     pads_t = torch.tensor(pads)[:, None]
     positions = (torch.arange(p)[None] - pads_t).clamp(min=0)
-    if not any(pads):
-        return input_ids.to(device), positions.to(device), None, None, pads_t.to(device)
-    causal = torch.ones(p, p, dtype=torch.bool).tril()
-    # padding rows may see themselves, so softmax never sees an all-masked row (that gives NaN)
-    mask = (causal & key_mask[:, None, :p]) | torch.eye(p, dtype=torch.bool)
-    return (input_ids.to(device), positions.to(device), key_mask.to(device),
-            mask[:, None].to(device), pads_t.to(device))
+    key_mask = key_mask.to(device) if any(pads) else None
+    return input_ids.to(device), positions.to(device), key_mask
 
 
 @torch.inference_mode()
@@ -86,10 +80,10 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
     cache = ContiguousKVCache.for_model(cfg, len(seqs), total, model.dtype, device)
     gens = [make_generator(s.params.seed, device) for s in seqs]
     sps = [s.params for s in seqs]
-    input_ids, positions, key_mask, mask, pads = _padded_batch(prompts, total, device)
+    input_ids, positions, key_mask = _padded_batch(prompts, total, device)
 
     t0 = time.perf_counter()
-    logits = prefill(model, input_ids, positions, cache, mask)
+    logits = prefill(model, input_ids, positions, cache, key_mask)
     tokens = sample(logits, sps, gens)
     _sync(device)
     t1 = time.perf_counter()
@@ -102,8 +96,7 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
         yield seqs
         if all(s.is_finished for s in seqs):
             break
-        step_mask = None if key_mask is None else key_mask[:, None, None, : slot + 1]
-        logits = decode_one_token(model, tokens, next_pos, cache, slot, step_mask)
+        logits = decode_one_token(model, tokens, next_pos, cache, slot, key_mask)
         tokens = sample(logits, sps, gens)
         next_pos, slot, steps = next_pos + 1, slot + 1, steps + 1
     _sync(device)

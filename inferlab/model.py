@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.attention import AttentionBackend, AttentionMetadata, TorchSDPABackend
+from inferlab.attention import AttentionBackend, AttentionMetadata, TorchSDPABackend, attention_mask
 from inferlab.config import ModelConfig
 from inferlab.linear import LinearFactory, default_linear
 from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -126,6 +126,9 @@ class CausalLM(nn.Module):
             b, t = input_ids.shape
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
             metadata = AttentionMetadata(positions=positions)
+        if metadata.attn_mask is None:  # built once here, shared by every layer
+            metadata.attn_mask = attention_mask(input_ids.shape[1], metadata.cache_start, metadata.key_mask,
+                                                self.config.sliding_window, input_ids.device)
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, metadata.positions, x.dtype)
         for layer in self.model.layers:

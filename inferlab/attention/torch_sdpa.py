@@ -35,4 +35,5 @@ class TorchSDPABackend(AttentionBackend):
         gqa = q.shape[1] != k.shape[1]
         if metadata.attn_mask is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=metadata.attn_mask, enable_gqa=gqa)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=metadata.is_causal, enable_gqa=gqa)
+        # no mask: the model found a plain causal call from an empty cache (see attention_mask)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)

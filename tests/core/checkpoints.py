@@ -22,6 +22,7 @@ VARIANTS = {
     "linear_rope": ("llama", dict(num_key_value_heads=2, rope_scaling={"rope_type": "linear", "factor": 4.0})),
     "qwen2_bias": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),
     "mistral": ("mistral", dict(num_key_value_heads=2, sliding_window=None)),
+    "mistral_window8": ("mistral", dict(num_key_value_heads=2, sliding_window=8)),
 }
 
 

@@ -53,9 +53,49 @@ def test_kv_cache_path_equals_no_cache_path(pair):
         first = model(ids[:, :20], AttentionMetadata(positions=torch.arange(20)[None], kv_cache=cache))
         steps = [first]
         for t in range(20, 30):
-            meta = AttentionMetadata(positions=torch.tensor([[t]]), kv_cache=cache, cache_start=t, is_causal=False)
+            meta = AttentionMetadata(positions=torch.tensor([[t]]), kv_cache=cache, cache_start=t)
             steps.append(model(ids[:, t:t + 1], meta))
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_prefill_then_chunks_equals_full_forward(pair, batch):
+    """T > 1 new tokens on a non-empty cache (chunked prefill, speculative verification): the new
+    queries are the last T positions, so causality aligns bottom-right."""
+    _, model, _ = pair
+    ids = torch.randint(0, VOCAB, (batch, 31), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(ids)
+        for splits in ([20, 25, 31], [1, 2, 9, 31], [12, 31], [5, 6, 18, 29, 31]):
+            cache = ContiguousKVCache.for_model(model.config, batch, 31, torch.float32, "cpu")
+            start, parts = 0, []
+            for end in splits:
+                pos = torch.arange(start, end).expand(batch, -1)
+                parts.append(model(ids[:, start:end], AttentionMetadata(pos, kv_cache=cache, cache_start=start)))
+                start = end
+            assert (torch.cat(parts, dim=1) - full).abs().max().item() <= 1e-4, splits
+
+
+def test_left_padded_chunks_equal_unpadded_forward(pair):
+    """A left-padded row run in chunks gives the logits of the same row run alone, unpadded."""
+    _, model, _ = pair
+    gen = torch.Generator().manual_seed(4)
+    short, long = torch.randint(0, VOCAB, (1, 17), generator=gen), torch.randint(0, VOCAB, (1, 23), generator=gen)
+    pad = long.shape[1] - short.shape[1]
+    ids = torch.cat([torch.cat([torch.zeros(1, pad, dtype=torch.long), short], 1), long])
+    key_mask = torch.ones(2, 23, dtype=torch.bool)
+    key_mask[0, :pad] = False
+    positions = (torch.arange(23)[None] - torch.tensor([[pad], [0]])).clamp(min=0)
+    with torch.no_grad():
+        alone = [model(short), model(long)]
+        cache = ContiguousKVCache.for_model(model.config, 2, 23, torch.float32, "cpu")
+        parts = []
+        for start, end in ((0, 10), (10, 11), (11, 23)):
+            meta = AttentionMetadata(positions[:, start:end], kv_cache=cache, cache_start=start, key_mask=key_mask)
+            parts.append(model(ids[:, start:end], meta))
+        got = torch.cat(parts, dim=1)
+    assert (got[0, pad:] - alone[0][0]).abs().max().item() <= 1e-4
+    assert (got[1] - alone[1][0]).abs().max().item() <= 1e-4
 
 
 def test_batch_of_different_lengths_equals_one_by_one(pair):
