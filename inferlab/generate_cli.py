@@ -36,20 +36,17 @@ def main(argv: list[str]) -> int:
     llm = LLM(model=args.model, device=args.device)
     ids = llm.encode(args.prompt)
     stats: dict = {}
-    printed = ""
     if not args.json:
         sys.stdout.write(args.prompt)
     for seqs in generate_stream(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer, stats):
         seq = seqs[0]
-        text = seq.output_text(llm.tokenizer)
-        if not args.json and text.startswith(printed) and not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed):])
+        if not args.json and seq.new_text:  # only the new tail, decoded incrementally
+            sys.stdout.write(seq.new_text)
             sys.stdout.flush()
-            printed = text
     if args.json:
-        print(json.dumps({"text": text, "token_ids": seq.output_token_ids,
+        print(json.dumps({"text": seq.output_text(), "token_ids": seq.output_token_ids,
                           "prefill_tokens_per_s": round(stats["prefill_tokens_per_s"], 2),
                           "decode_tokens_per_s": round(stats["decode_tokens_per_s"], 2)}))
     else:
-        sys.stdout.write(text[len(printed):] + "\n")
+        sys.stdout.write("\n")
     return 0

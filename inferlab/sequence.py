@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from inferlab.detokenizer import Detokenizer
 from inferlab.sampling import SamplingParams
 
 
@@ -21,7 +22,8 @@ class Sequence:
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" (eos, stop id or stop string) or "length"
-    stop_text: str | None = None  # the output text cut before a stop string, when one matched
+    new_text: str = ""  # text safe to stream that the last appended token made available
+    detokenizer: Detokenizer | None = dataclasses.field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -31,27 +33,31 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def output_text(self, tokenizer) -> str:
+    def output_text(self, tokenizer=None) -> str:
         """The generated text: cut before the stop string that matched, if one did."""
-        if self.stop_text is not None:
-            return self.stop_text
+        if self.detokenizer is not None:
+            return self.detokenizer.output_text
         return tokenizer.decode(self.output_token_ids) if tokenizer is not None else ""
 
     def append_token(self, token: int, eos_token_ids, tokenizer=None) -> None:
-        """Add one generated token and decide whether the sequence is done."""
+        """Add one generated token, detokenize it incrementally, decide whether the sequence is done."""
         self.output_token_ids.append(token)
         p = self.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
-            return self._finish("stop")
-        if p.stop and tokenizer is not None:
-            text = tokenizer.decode(self.output_token_ids)
-            hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
-            if hits:
-                self.stop_text = text[: min(hits)]  # the stop string itself is not returned
-                return self._finish("stop")
-        if len(self.output_token_ids) >= p.max_tokens:
+        detok = self.detokenizer
+        if tokenizer is not None and detok is None:
+            detok = self.detokenizer = Detokenizer(tokenizer, p.stop)
+        if detok is not None:
+            detok.step(token)
+        if detok is not None and detok.stop_index is not None:
+            self._finish("stop")
+        elif token in p.stop_token_ids or (not p.ignore_eos and token in eos_token_ids):
+            self._finish("stop")
+        elif len(self.output_token_ids) >= p.max_tokens:
             self._finish("length")
+        self.new_text = detok.delta() if detok is not None else ""
 
     def _finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
+        if self.detokenizer is not None:
+            self.detokenizer.finish(self.output_token_ids)
