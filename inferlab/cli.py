@@ -6,6 +6,8 @@
     inferlab eval ppl --model M --json         perplexity on the held-out stdlib split
     inferlab models --json                     list the embedded models
     inferlab grade labs/NN_topic               run a lab's autograder
+
+Command groups (``bench``, ``eval``) dispatch the same way through :func:`dispatch`.
 """
 from __future__ import annotations
 
@@ -24,29 +26,32 @@ COMMANDS = {
 }
 
 
-def usage() -> str:
-    lines = ["usage: inferlab COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`inferlab COMMAND --help` describes one command."]
-    return "\n".join(lines)
+def dispatch(prog: str, table: dict[str, tuple[str, str]], argv: list[str], noun: str = "command") -> int:
+    """Run ``table[argv[0]]``'s module ``main(argv[1:])``; print usage for none or --help.
+
+    An unknown name, or an :class:`InferlabError` / ``ValueError`` raised by the command, prints
+    one line (``prog: error: ...``) and returns 2; no traceback reaches the user.
+    """
+    if not argv or argv[0] in ("-h", "--help"):
+        lines = [f"usage: {prog} {noun.upper()} [ARGS]", "", f"{noun}s:"]
+        lines += [f"  {name:<10} {help_}" for name, (_, help_) in table.items()]
+        lines += ["", f"`{prog} {noun.upper()} --help` describes one {noun}."]
+        print("\n".join(lines), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in table:
+        print(f"{prog}: error: unknown {noun} {name!r}; choose one of {', '.join(table)}", file=sys.stderr)
+        return 2
+    try:
+        return int(importlib.import_module(table[name][0]).main(rest) or 0)
+    except (InferlabError, ValueError) as exc:
+        print(f"{prog} {name}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"inferlab: error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}",
-              file=sys.stderr)
-        return 2
     try:
-        module = importlib.import_module(COMMANDS[name][0])
-        return int(module.main(rest) or 0)
-    except (InferlabError, ValueError) as exc:
-        print(f"inferlab {name}: error: {exc}", file=sys.stderr)
-        return 2
+        return dispatch("inferlab", COMMANDS, sys.argv[1:] if argv is None else list(argv))
     except KeyboardInterrupt:
         return 130
 

@@ -90,3 +90,17 @@ def describe() -> str:
     """One line saying which interpreter the corpus comes from."""
     v = sys.version_info
     return f"The Python {v.major}.{v.minor}.{v.micro} standard library"
+
+
+def token_stream(tokenizer, files: list[SourceFile]):
+    """Token ids of ``files`` as one int64 numpy stream, each file preceded by ``<|endoftext|>``:
+    the layout the models were trained on and are scored on."""
+    import numpy as np
+
+    from inferlab.tokenizer import EOT
+
+    eot = tokenizer.hf.token_to_id(EOT)
+    parts = []
+    for enc in tokenizer.hf.encode_batch([f.text for f in files], add_special_tokens=False):
+        parts += ([[eot]] if eot is not None else []) + [enc.ids]
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 
 from inferlab.attention import get_backend
-from inferlab.device import parse_dtype
+from inferlab.device import default_device, parse_dtype
 from inferlab.errors import InferlabError
 from inferlab.generate import generate
 from inferlab.loader import load_checkpoint
@@ -40,7 +39,7 @@ class LLM:
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
                  attention_backend: str = "torch"):
         self.model, self.tokenizer = load_checkpoint(model, device=device,
-                                                     dtype=parse_dtype(dtype, device or _auto_device()))
+                                                     dtype=parse_dtype(dtype, device or default_device()))
         self.model.set_attention_backend(get_backend(attention_backend))
         self.model_name = str(model)
         self.last_stats: dict = {}
@@ -79,7 +78,3 @@ class LLM:
     def _output(self, i: int, prompt: str | None, seq) -> RequestOutput:
         comp = CompletionOutput(0, seq.output_text(self.tokenizer), list(seq.output_token_ids), seq.finish_reason)
         return RequestOutput(str(i), prompt, list(seq.prompt_token_ids), [comp])
-
-
-def _auto_device():
-    return "cuda" if torch.cuda.is_available() else "cpu"

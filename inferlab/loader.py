@@ -102,10 +102,10 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
     dtype = dtype or default_dtype(device)
     with torch.device("meta"):
         model = CausalLM(config)
-    expected = set(model.state_dict())
-    if config.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    tensors = {}
+    shapes = {k: tuple(t.shape) for k, t in model.checkpoint_state_dict().items()}
+    # One tensor at a time: read, check, convert to the compute dtype and device, keep only the
+    # converted copy. Peak host memory stays near one model, not the file's copy plus ours.
+    tensors, unexpected = {}, []
     for file in _weight_files(folder):
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
@@ -113,20 +113,22 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
                     continue  # a buffer older transformers saved; recomputed from the config
                 if key == "lm_head.weight" and config.tie_word_embeddings:
                     continue
-                tensors[key] = f.get_tensor(key)
-    missing, unexpected = sorted(expected - tensors.keys()), sorted(tensors.keys() - expected)
+                if key not in shapes:
+                    unexpected.append(key)
+                    continue
+                shape = tuple(f.get_slice(key).get_shape())
+                if shape != shapes[key]:
+                    raise CheckpointError(f"{folder}: weight {key} has shape {shape}, "
+                                          f"the config implies {shapes[key]}")
+                tensors[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+    missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(unexpected)
     if missing or unexpected:
         raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
             f"{label} {len(names)} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
             for label, names in (("missing", missing), ("unexpected", unexpected)) if names))
-    shapes = model.state_dict()
-    for key, t in tensors.items():
-        if tuple(t.shape) != tuple(shapes[key].shape):
-            raise CheckpointError(f"{folder}: weight {key} has shape {tuple(t.shape)}, "
-                                  f"the config implies {tuple(shapes[key].shape)}")
-    model.load_state_dict({k: t.to(dtype) for k, t in tensors.items()}, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model.load_state_dict(tensors, strict=False, assign=True)
+    del tensors
+    model.tie_weights()
     # buffers built on the meta device are recomputed from the config
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
     model = model.to(device).eval()
@@ -148,9 +150,7 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         cfg = model.config.to_hf_dict()
-        state = model.state_dict()
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
+        state = model.checkpoint_state_dict()
         if dtype is not None:
             cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
         tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}

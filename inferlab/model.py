@@ -110,10 +110,22 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = DecoderStack(config, linear_factory)
         self.lm_head = linear_factory(config.hidden_size, config.vocab_size, False, "lm_head")
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def tie_weights(self) -> None:
+        """With tied embeddings (Press & Wolf 2017) the output projection *is* the input embedding
+        matrix: one tensor, stored once. Call again after loading or replacing either weight."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint stores: the state dict without the tied copy of the embedding."""
+        state = self.state_dict()
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        return state
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Route every layer's attention through ``backend`` (the attention seam)."""

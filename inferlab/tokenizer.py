@@ -5,6 +5,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+EOT = "<|endoftext|>"  # the end-of-text token: separates documents, ends a generation
+
 
 class Tokenizer:
     def __init__(self, hf: _HFTokenizer, eos_token_ids: tuple[int, ...] = (), bos_token_id: int | None = None):
@@ -28,3 +30,19 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
+
+
+def train_bpe(texts, vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """A byte-level BPE (GPT-2 style) trained on ``texts``: every byte is a token, so any text
+    encodes; merges of frequent pairs are learnt up to ``vocab_size`` entries. ``<|endoftext|>``
+    is the end-of-text and beginning-of-text id."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    hf = _HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    hf.train_from_iterator(texts, trainer)
+    eot = hf.token_to_id(EOT)
+    return Tokenizer(hf, (eot,), eot)

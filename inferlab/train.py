@@ -40,10 +40,25 @@ from inferlab.config import ModelConfig
 from inferlab.errors import InferlabError
 from inferlab.loader import ASSETS, save_checkpoint
 from inferlab.model import CausalLM
-from inferlab.tokenizer import Tokenizer
-
-EOT = "<|endoftext|>"
+from inferlab.tokenizer import EOT, Tokenizer, train_bpe
 log = logging.getLogger("inferlab.train")
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """What torch.compile raises when compilation itself fails (no C++ compiler, an unsupported op):
+    only these fall back to eager; any other error in a training step is a real error."""
+    errors: list[type[BaseException]] = []
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+        errors.append(TorchDynamoException)
+        from torch._inductor.exc import InductorError
+        errors.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(errors) or (RuntimeError,)
+
+
+COMPILE_ERRORS = _compile_errors()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,27 +117,7 @@ def model_config(recipe: Recipe, tokenizer: Tokenizer) -> ModelConfig:
 
 def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int) -> Tokenizer:
     """Byte-level BPE (GPT-2 style): every byte is a token, merges learnt from the train split."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    hf.train_from_iterator((f.text for f in files if f.split == "train"), trainer)
-    eot = hf.token_to_id(EOT)
-    return Tokenizer(hf, (eot,), eot)
-
-
-def encode_stream(tokenizer: Tokenizer, files: list[corpus.SourceFile]) -> np.ndarray:
-    """Token ids of ``files`` as one stream, each file preceded by ``<|endoftext|>``."""
-    eot = tokenizer.hf.token_to_id(EOT)
-    parts = []
-    for enc in tokenizer.hf.encode_batch([f.text for f in files], add_special_tokens=False):
-        parts += [np.array([eot], dtype=np.uint16), np.asarray(enc.ids, dtype=np.uint16)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+    return train_bpe((f.text for f in files if f.split == "train"), vocab_size)
 
 
 def prepare_data(run_dir: Path, vocab_size: int, max_files: int | None):
@@ -147,7 +142,7 @@ def prepare_data(run_dir: Path, vocab_size: int, max_files: int | None):
     for split in corpus.SPLITS:
         path = data_dir / f"{split}.npy"
         if not path.exists():
-            np.save(path, encode_stream(tok, [f for f in files if f.split == split]))
+            np.save(path, corpus.token_stream(tok, [f for f in files if f.split == split]).astype(np.uint16))
         streams[split] = np.load(path)
     info = {"fingerprint": corpus.fingerprint(files), "files": {s: sum(f.split == s for f in files) for s in corpus.SPLITS},
             "tokens": {s: int(len(v)) for s, v in streams.items()}, "source": corpus.describe()}
@@ -211,8 +206,7 @@ def make_optimizer(model: CausalLM, recipe: Recipe) -> torch.optim.AdamW:
 def save_resume(folder: Path, model: CausalLM, opt: torch.optim.Optimizer, state: dict) -> None:
     """Weights and AdamW moments as safetensors, counters as JSON, written atomically."""
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()
-               if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.checkpoint_state_dict().items()}
     opt_state = opt.state_dict()
     for idx, s in opt_state["state"].items():
         for k, v in s.items():
@@ -226,8 +220,7 @@ def save_resume(folder: Path, model: CausalLM, opt: torch.optim.Optimizer, state
 def load_resume(folder: Path, model: CausalLM, opt: torch.optim.Optimizer) -> dict:
     tensors = load_file(str(folder / "resume.safetensors"))
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=False)
-    if model.config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model.tie_weights()
     opt_state = opt.state_dict()
     opt_state["state"] = {}
     for k, v in tensors.items():
@@ -268,68 +261,67 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
         raise InferlabError("give --steps N or --budget MINUTES")
     tokens_per_step = recipe.batch_size * recipe.seq_len
     folder.mkdir(parents=True, exist_ok=True)
-    loss_log = open(folder / "loss.jsonl", "a")
-    calib_from, calib_steps = None, 30
-    last_save = time.monotonic()
-    t_start = time.monotonic() - state["elapsed_s"]
-    t_process, first_step = time.monotonic(), state["step"]
-    bar = tqdm(total=state["total_steps"], initial=state["step"], desc=f"train {name}", unit="step",
-               dynamic_ncols=True, disable=args.quiet, mininterval=0.5 if sys.stderr.isatty() else 30)
-    step = state["step"]
-    ema = None
-    while state["total_steps"] is None or step < state["total_steps"]:
-        total = state["total_steps"] or 10**9
-        lr = lr_at(step, total if state["total_steps"] else recipe.warmup_steps * 100, recipe)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        x, y = get_batch(train, step, args.seed, recipe.batch_size, recipe.seq_len)
-        try:
-            logits = forward(x)
-        except Exception as exc:  # e.g. no C++ compiler for torch.compile: train eagerly instead
-            if forward is model:
-                raise
-            log.info("%s: torch.compile failed (%s); training without it", name, type(exc).__name__)
-            forward = model
-            logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip).item()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        now = time.monotonic()
-        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        loss_log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": lr,
-                                   "grad_norm": round(grad_norm, 4), "elapsed_s": round(now - t_start, 2)}) + "\n")
-        bar.update(1)
-        bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", refresh=False)
-        if state["total_steps"] is None:  # calibrate the step count to the wall-clock budget
-            if step == 3:  # steps 1-2 include compilation
-                calib_from = (step, now)
-            elif calib_from and step == calib_from[0] + calib_steps:
-                sec_per_step = (now - calib_from[1]) / calib_steps
-                state["total_steps"] = step + max(1, int((budget_s - (now - t_start)) / sec_per_step))
-                bar.total = state["total_steps"]
-                log.info("%s: %.2f s/step (%.0f tok/s); budget %.1f min -> total_steps=%d",
-                         name, sec_per_step, tokens_per_step / sec_per_step, budget_s / 60, state["total_steps"])
-        elif (calib_from and args.steps is None and step % 25 == 0 and step < state["total_steps"] // 2):
-            # on a shared machine the speed drifts: re-fit the step count during the first half,
-            # while the cosine schedule is still near its peak and a longer tail costs nothing
-            sec_per_step = (now - calib_from[1]) / (step - calib_from[0])
-            refit = step + max(1, int((budget_s - (now - t_start)) / sec_per_step))
-            if abs(refit - state["total_steps"]) > 0.02 * state["total_steps"]:
-                state["total_steps"] = bar.total = refit
-                log.info("%s: %.2f s/step on average -> total_steps=%d", name, sec_per_step, refit)
-        if step % args.log_every == 0 or step == state["total_steps"]:
-            val = mean_loss(model, streams["validation"], recipe.seq_len, 8) if len(streams["validation"]) > 2 else float("nan")
-            speed = (step - first_step) * tokens_per_step / max(1e-9, now - t_process)
-            log.info("%s step %d/%s loss %.4f (ema %.4f) val %.4f lr %.2e %.0f tok/s", name, step,
-                     state["total_steps"], loss.item(), ema, val, lr, speed)
-        if now - last_save > args.save_every * 60 and state["total_steps"] and step < state["total_steps"]:
-            save_resume(folder, model, opt, {**state, "step": step, "elapsed_s": now - t_start})
-            last_save = now
-    bar.close()
-    loss_log.close()
+    with open(folder / "loss.jsonl", "a") as loss_log:
+        calib_from, calib_steps = None, 30
+        last_save = time.monotonic()
+        t_start = time.monotonic() - state["elapsed_s"]
+        t_process, first_step = time.monotonic(), state["step"]
+        bar = tqdm(total=state["total_steps"], initial=state["step"], desc=f"train {name}", unit="step",
+                   dynamic_ncols=True, disable=args.quiet, mininterval=0.5 if sys.stderr.isatty() else 30)
+        step = state["step"]
+        ema = None
+        while state["total_steps"] is None or step < state["total_steps"]:
+            total = state["total_steps"] or 10**9
+            lr = lr_at(step, total if state["total_steps"] else recipe.warmup_steps * 100, recipe)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x, y = get_batch(train, step, args.seed, recipe.batch_size, recipe.seq_len)
+            try:
+                logits = forward(x)
+            except COMPILE_ERRORS as exc:  # e.g. no C++ compiler for torch.compile: train eagerly instead
+                if forward is model:
+                    raise
+                log.info("%s: torch.compile failed (%s); training without it", name, type(exc).__name__)
+                forward = model
+                logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip).item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            now = time.monotonic()
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            loss_log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": lr,
+                                       "grad_norm": round(grad_norm, 4), "elapsed_s": round(now - t_start, 2)}) + "\n")
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", refresh=False)
+            if state["total_steps"] is None:  # calibrate the step count to the wall-clock budget
+                if step == 3:  # steps 1-2 include compilation
+                    calib_from = (step, now)
+                elif calib_from and step == calib_from[0] + calib_steps:
+                    sec_per_step = (now - calib_from[1]) / calib_steps
+                    state["total_steps"] = step + max(1, int((budget_s - (now - t_start)) / sec_per_step))
+                    bar.total = state["total_steps"]
+                    log.info("%s: %.2f s/step (%.0f tok/s); budget %.1f min -> total_steps=%d",
+                             name, sec_per_step, tokens_per_step / sec_per_step, budget_s / 60, state["total_steps"])
+            elif (calib_from and args.steps is None and step % 25 == 0 and step < state["total_steps"] // 2):
+                # on a shared machine the speed drifts: re-fit the step count during the first half,
+                # while the cosine schedule is still near its peak and a longer tail costs nothing
+                sec_per_step = (now - calib_from[1]) / (step - calib_from[0])
+                refit = step + max(1, int((budget_s - (now - t_start)) / sec_per_step))
+                if abs(refit - state["total_steps"]) > 0.02 * state["total_steps"]:
+                    state["total_steps"] = bar.total = refit
+                    log.info("%s: %.2f s/step on average -> total_steps=%d", name, sec_per_step, refit)
+            if step % args.log_every == 0 or step == state["total_steps"]:
+                val = mean_loss(model, streams["validation"], recipe.seq_len, 8) if len(streams["validation"]) > 2 else float("nan")
+                speed = (step - first_step) * tokens_per_step / max(1e-9, now - t_process)
+                log.info("%s step %d/%s loss %.4f (ema %.4f) val %.4f lr %.2e %.0f tok/s", name, step,
+                         state["total_steps"], loss.item(), ema, val, lr, speed)
+            if now - last_save > args.save_every * 60 and state["total_steps"] and step < state["total_steps"]:
+                save_resume(folder, model, opt, {**state, "step": step, "elapsed_s": now - t_start})
+                last_save = now
+        bar.close()
     elapsed = time.monotonic() - t_start
     state.update(step=step, elapsed_s=elapsed)
     save_resume(folder, model, opt, state)
@@ -516,6 +508,7 @@ def setup_logging(run_dir: Path) -> None:
     log.setLevel(logging.INFO)
     for h in list(log.handlers):
         log.removeHandler(h)
+        h.close()
     fmt = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")
     for h in (logging.FileHandler(run_dir / "train.log"), logging.StreamHandler(sys.stderr)):
         h.setFormatter(fmt)

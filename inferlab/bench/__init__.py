@@ -5,22 +5,12 @@ side by side, best of several repeats, is what each benchmark reports.
 """
 from __future__ import annotations
 
-import importlib
-import sys
-
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
 }
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: inferlab bench NAME [ARGS]\n\nbenchmarks:")
-        for name, (_, help_) in BENCHES.items():
-            print(f"  {name:<8} {help_}")
-        return 0 if argv else 2
-    if argv[0] not in BENCHES:
-        print(f"inferlab bench: error: unknown benchmark {argv[0]!r}; choose one of {', '.join(BENCHES)}",
-              file=sys.stderr)
-        return 2
-    return importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:])
+    from inferlab.cli import dispatch
+
+    return dispatch("inferlab bench", BENCHES, argv, noun="benchmark")

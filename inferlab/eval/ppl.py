@@ -89,14 +89,7 @@ def evaluate(model, ids, window: int | None = None, stride: int | None = None, b
 
 def test_stream(tokenizer, split: str = "test", max_files: int | None = None) -> np.ndarray:
     """Token ids of one corpus split: each file preceded by ``<|endoftext|>``, as in training."""
-    files = corpus.load_corpus(split, max_files=max_files)
-    eot = tokenizer.hf.token_to_id("<|endoftext|>")
-    out: list[int] = []
-    for enc in tokenizer.hf.encode_batch([f.text for f in files], add_special_tokens=False):
-        if eot is not None:
-            out.append(eot)
-        out += enc.ids
-    return np.asarray(out, dtype=np.int64)
+    return corpus.token_stream(tokenizer, corpus.load_corpus(split, max_files=max_files))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,13 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from inferlab.device import parse_dtype
+    from inferlab.device import default_device, parse_dtype
     from inferlab.loader import load_checkpoint
 
     args = build_parser().parse_args(argv)
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InferlabError("--max-tokens must be >= 1")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()
     model, tok = load_checkpoint(args.model, device=device, dtype=parse_dtype(args.dtype, device))
     if tok is None:
         raise InferlabError(f"{args.model} has no tokenizer.json: perplexity needs the model's tokenizer")

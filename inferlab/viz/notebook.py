@@ -56,14 +56,13 @@ def tiny_random_model(folder: str | os.PathLike | None = None, seed: int = 0) ->
     from inferlab.config import ModelConfig
     from inferlab.loader import save_checkpoint
     from inferlab.model import CausalLM
-    from inferlab.tokenizer import Tokenizer
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferlab"
     folder = Path(folder) if folder is not None else cache / "random-llama-w256-l6"
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
-    hf_tok = _train_tiny_tokenizer(vocab_size=512)
-    eos = hf_tok.token_to_id("<|endoftext|>")
+    tok = _train_tiny_tokenizer(vocab_size=512)
+    hf_tok, eos = tok.hf, tok.eos_token_ids[0]
     cfg = ModelConfig(vocab_size=hf_tok.get_vocab_size(), hidden_size=256, intermediate_size=768,
                       num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
                       max_position_embeddings=1024, tie_word_embeddings=True, eos_token_ids=(eos,))
@@ -73,7 +72,7 @@ def tiny_random_model(folder: str | os.PathLike | None = None, seed: int = 0) ->
         for p in model.parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    return save_checkpoint(model, Tokenizer(hf_tok, (eos,)), folder)
+    return save_checkpoint(model, tok, folder)
 
 
 def _train_tiny_tokenizer(vocab_size: int):
@@ -82,13 +81,6 @@ def _train_tiny_tokenizer(vocab_size: int):
     import json as json_mod
     import textwrap as textwrap_mod
 
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+    from inferlab.tokenizer import train_bpe
 
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = [inspect.getsource(m) for m in (json_mod, textwrap_mod, random)]
-    tok.train_from_iterator(corpus, trainer)
-    return tok
+    return train_bpe([inspect.getsource(m) for m in (json_mod, textwrap_mod, random)], vocab_size, min_frequency=0)

@@ -68,14 +68,9 @@ TEXT = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
 
 def save_with_tokenizer(folder: Path):
     """A tiny Llama plus a byte-level BPE tokenizer.json (end-of-text id 0)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from inferlab.tokenizer import train_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(TEXT * 20, trainer)
+    tok = train_bpe(TEXT * 20, vocab_size=300, min_frequency=0).hf
     model = hf_model("llama", num_key_value_heads=2, vocab_size=tok.get_vocab_size(),
                      bos_token_id=None, eos_token_id=0)
     model.save_pretrained(folder)
