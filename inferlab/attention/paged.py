@@ -40,7 +40,7 @@ class PagedAttentionMetadata:
     context_lens_host: list[int]
     num_decodes: int = 0
     masks_built: bool = False
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S]
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
     prefill_masks: list = dataclasses.field(default_factory=list)  # one per non-decode sequence
 
     @property
@@ -52,36 +52,50 @@ class PagedAttentionMetadata:
         return max(self.context_lens_host)
 
     def build_masks(self, sliding_window: int | None = None) -> None:
-        """Masks shared by every layer, built once per forward (the model calls this)."""
+        """Masks shared by every layer, built once per forward (the model calls this).
+
+        Decodes read S = their longest context; a sequence with a shorter context (or a window
+        that bites) gets an additive bias of -inf on the slots it must not see. A lone decode
+        without a window needs none: the single-stream path stays as lean as the contiguous one.
+        """
         if self.masks_built:
             return
         self.masks_built = True
         d, device = self.num_decodes, self.context_lens.device
         if d:
-            ctx = self.context_lens[:d, None]
-            slots = torch.arange(self.block_tables.shape[1] * self.kv_cache.block_size, device=device)
-            mask = slots[None] < ctx
-            if sliding_window is not None:
-                mask &= slots[None] > ctx - 1 - sliding_window
-            self.decode_mask = mask[:, None, None, :]
+            ctx_host = self.context_lens_host[:d]
+            s = max(ctx_host)
+            window_bites = sliding_window is not None and s > sliding_window
+            if window_bites or min(ctx_host) < s:
+                ctx = self.context_lens[:d, None]
+                slots = torch.arange(s, device=device)[None]
+                visible = slots < ctx
+                if window_bites:
+                    visible &= slots > ctx - 1 - sliding_window
+                bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+                self.decode_mask = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
         self.prefill_masks = [attention_mask(q, c - q, None, sliding_window, device)
                               for q, c in zip(self.query_lens[d:], self.context_lens_host[d:])]
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, mask) -> torch.Tensor:
+def paged_decode(q, k_cache, v_cache, block_tables, max_context: int, bias=None) -> torch.Tensor:
     """One query per sequence, K/V read through the block tables.
 
     q [B, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, nb];
-    mask [B, 1, 1, nb * block_size]. Returns [B, Hq, D]. The query heads that share a K/V head
-    are multiplied together (GQA), as in ``torch_sdpa.decode_attention``.
+    the first ``max_context`` slots are read; bias [B, 1, 1, max_context] (0 or -inf) or None.
+    Returns [B, Hq, D]. The query heads that share a K/V head are multiplied together (GQA),
+    as in ``torch_sdpa.decode_attention``.
     """
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
-    k = k_cache[block_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, S, D]
-    v = v_cache[block_tables].flatten(1, 2).transpose(1, 2)
+    nb = -(-max_context // k_cache.shape[1])
+    table = block_tables[:, :nb]
+    k = k_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)
     qg = q.view(b, hkv, hq // hkv, d)
     scores = (qg @ k.transpose(-1, -2)) * d**-0.5  # [B, Hkv, G, S]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if bias is not None:
+        scores += bias
     return (scores.softmax(-1) @ v).reshape(b, hq, d)
 
 
@@ -96,7 +110,8 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
     parts = []
     if d:
         qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
-        parts.append(decode_fn(qd, kc, vc, meta.block_tables[:d], meta.decode_mask).transpose(0, 1)[None])
+        out = decode_fn(qd, kc, vc, meta.block_tables[:d], max(meta.context_lens_host[:d]), meta.decode_mask)
+        parts.append(out.transpose(0, 1)[None])
     gqa = q.shape[1] != k.shape[1]
     start = d
     for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):

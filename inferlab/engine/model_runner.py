@@ -33,7 +33,11 @@ class ModelRunner:
         self.device = model.device
 
     def prepare(self, seqs: list[SeqInput]):
-        """Metadata for ``seqs`` in decode-first order; returns (input_ids, metadata, order)."""
+        """Metadata for ``seqs`` in decode-first order; returns (input_ids, metadata, last_rows, order).
+
+        All the int vectors travel to the device as one tensor (one copy, then views): on a
+        small model a step is short enough for eight separate host-to-device tensors to show.
+        """
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)  # stable: decodes first
         bs = self.block_size
         ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
@@ -54,19 +58,24 @@ class ModelRunner:
             ctx_lens.append(end)
         width = max(len(t) for t in tables)
         tables = [t + [0] * (width - len(t)) for t in tables]  # padding: masked by context_lens
-        num_decodes = sum(1 for q in q_lens if q == 1)
-        dev = self.device
         cu_q, cu_k = [0], [0]
         for q, c in zip(q_lens, ctx_lens):
             cu_q.append(cu_q[-1] + q)
             cu_k.append(cu_k[-1] + c)
+        last = [cu_q[j + 1] - 1 for j in range(len(seqs))]  # each sequence's last new token
+        inverse = [0] * len(seqs)
+        for j, i in enumerate(order):
+            inverse[i] = j
+        last = [last[inverse[i]] for i in range(len(seqs))]  # back in the caller's order
+        n, b = len(ids), len(seqs)
+        flat = torch.tensor(ids + positions + slots + ctx_lens + cu_q + cu_k + last, device=self.device)
+        parts = flat.split([n, n, n, b, b + 1, b + 1, b])
         meta = PagedAttentionMetadata(
-            positions=torch.tensor([positions], device=dev), kv_cache=self.kv_cache,
-            slot_mapping=torch.tensor(slots, device=dev), block_tables=torch.tensor(tables, device=dev),
-            context_lens=torch.tensor(ctx_lens, device=dev), cu_seqlens_q=torch.tensor(cu_q, device=dev),
-            cu_seqlens_k=torch.tensor(cu_k, device=dev), query_lens=q_lens, context_lens_host=ctx_lens,
-            num_decodes=num_decodes)
-        return torch.tensor([ids], device=dev), meta, order
+            positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
+            block_tables=torch.tensor(tables, device=self.device), context_lens=parts[3],
+            cu_seqlens_q=parts[4], cu_seqlens_k=parts[5], query_lens=q_lens, context_lens_host=ctx_lens,
+            num_decodes=sum(1 for q in q_lens if q == 1))
+        return parts[0][None], meta, parts[6], order
 
     @torch.inference_mode()
     def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),
@@ -74,21 +83,14 @@ class ModelRunner:
         """Run one forward. Returns logits [B, V] of each sequence's last new token, in the order
         of ``seqs``; with ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
         self.kv_cache.copy_blocks(list(copies))  # copy-on-write before anyone writes
-        input_ids, meta, order = self.prepare(seqs)
-        cu = meta.cu_seqlens_q.tolist() if all_logits else None
+        input_ids, meta, last, order = self.prepare(seqs)
         if all_logits:
             logits = self.model(input_ids, meta)[0]
+            cu = [0]
+            for q in meta.query_lens:
+                cu.append(cu[-1] + q)
             rows = [None] * len(seqs)
             for j, i in enumerate(order):
                 rows[i] = logits[cu[j]:cu[j + 1]]
             return rows
-        last = []
-        total = 0
-        for q in meta.query_lens:
-            total += q
-            last.append(total - 1)
-        inverse = [0] * len(seqs)
-        for j, i in enumerate(order):
-            inverse[i] = j
-        idx = [last[inverse[i]] for i in range(len(seqs))]  # back in the caller's order
-        return self.model(input_ids, meta, logits_indices=torch.tensor(idx, device=self.device))[0]
+        return self.model(input_ids, meta, logits_indices=last)[0]

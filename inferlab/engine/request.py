@@ -71,6 +71,7 @@ class Request:
     seqs: list[EngineSequence]
     metrics: RequestMetrics = dataclasses.field(default_factory=lambda: RequestMetrics(time.monotonic()))
     aborted: bool = False
+    stream: bool = True  # False: only the final output is reported
 
     @property
     def finished(self) -> bool:
