@@ -1,0 +1,58 @@
+"""``inferlab bench kv``: waste counted on a replayed workload, checked against its own bounds."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferlab.bench.kv import make_workload, replay, run
+from inferlab.cli import main
+
+
+@pytest.fixture(scope="module")
+def small():
+    return run(num_requests=40, block_size=16, max_model_len=1024, max_num_seqs=8, seed=1)
+
+
+def test_paged_waste_is_at_most_one_partial_block_per_sequence(small):
+    seq_steps = small["contiguous_reserved_tokens"] // small["max_model_len"]
+    slack = small["paged_reserved_tokens"] - small["used_tokens"]
+    assert 0 <= slack <= (small["block_size"] - 1) * seq_steps
+    assert 0 <= small["paged_waste"] < small["contiguous_waste"] < 1
+    assert small["contiguous_waste"] == pytest.approx(1 - small["used_tokens"] / small["contiguous_reserved_tokens"])
+
+
+def test_shared_system_prompts_are_hit(small):
+    assert 0 < small["prefix_hit_rate"] <= 1 and small["shared_blocks"] > 0
+    assert 0 < small["prefix_saving"] < 1 and small["prefix_cached_reserved_tokens"] < small["paged_reserved_tokens"]
+
+
+def test_block_size_one_wastes_nothing_and_random_prompts_share_nothing():
+    reqs = make_workload(20, 1024, seed=2, shared_fraction=0.0)
+    t = replay(reqs, block_size=1, max_num_seqs=4, max_model_len=1024, enable_prefix_caching=True)
+    assert t["paged"] == t["used"] and t["stats"]["prefix_hits"] == 0
+    assert t["stats"]["used_blocks"] == 0 and t["stats"]["free_blocks"] == t["stats"]["total_blocks"]
+
+
+def test_workload_is_seeded_and_fits_the_context():
+    a, b = make_workload(30, 1024, seed=3), make_workload(30, 1024, seed=3)
+    assert a == b and a != make_workload(30, 1024, seed=4)
+    assert all(len(r.prompt) + len(r.output) <= 1024 for r in a)
+
+
+def test_default_workload_meets_the_paper_claims(capsys):
+    assert main(["bench", "kv", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["max_model_len"] >= 1024 and "token-steps" in r["how_counted"]
+    assert r["paged_waste"] <= 0.02 and r["contiguous_waste"] >= 0.60
+
+
+def test_table_output(capsys):
+    assert main(["bench", "kv", "--num-requests", "10", "--max-model-len", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "contiguous (max length)" in out and "waste" in out and "how counted" in out
+
+
+def test_bad_block_size_is_one_line(capsys):
+    assert main(["bench", "kv", "--block-size", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err
