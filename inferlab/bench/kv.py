@@ -60,35 +60,46 @@ def replay(requests: list[Request], block_size: int = 16, num_blocks: int | None
            on_step=None) -> dict:
     """Drive a BlockManager through the workload, first come first served; return token-step totals.
 
-    ``on_step(step, manager, running)`` is called after every step (the allocator view records
-    snapshots with it). A request waits while the batch is full or blocks are short.
+    ``on_step(step, manager, running)`` is called after every step with {seq id: tokens generated}
+    (the allocator view records snapshots with it). A request waits while the batch is full or
+    blocks are short; when a decode step finds no free block, the newest sequence is preempted and
+    later recomputed from its prompt and the tokens it had (vLLM's recompute preemption).
     """
     if num_blocks is None:      # the memory a contiguous cache needs for the same batch
         num_blocks = max_num_seqs * max_model_len // block_size
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
     waiting = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
-    running: dict[int, int] = {}          # seq id -> tokens generated so far
+    running: list[int] = []               # in admission order
+    progress: dict[int, int] = {}         # seq id -> tokens generated so far (kept if preempted)
     totals = {"used": 0, "contiguous": 0, "paged": 0, "peak_shared": 0, "steps": 0,
-              "prompt_tokens": 0, "cached_tokens": 0}
+              "prompt_tokens": 0, "cached_tokens": 0, "preemptions": 0}
     step = 0
     while waiting or running:
         while waiting and requests[waiting[0]].arrival <= step and len(running) < max_num_seqs:
             seq = waiting[0]
+            tokens = requests[seq].prompt + requests[seq].output[:progress.get(seq, 0)]
             try:                                      # prefill: the whole prompt's K/V is written
-                totals["cached_tokens"] += bm.allocate(seq, requests[seq].prompt)
+                totals["cached_tokens"] += bm.allocate(seq, tokens)
             except NoFreeBlocksError:
+                if not running:
+                    raise ValueError(f"request {seq} ({len(tokens)} tokens) does not fit in {num_blocks} "
+                                     f"blocks of {block_size}; give more blocks") from None
                 break
-            totals["prompt_tokens"] += len(requests[seq].prompt)
+            totals["prompt_tokens"] += len(tokens)
+            progress.setdefault(seq, 0)
             waiting.pop(0)
-            running[seq] = 0
+            running.append(seq)
         for seq in list(running):                     # decode: one token each
+            if seq not in running:
+                continue                              # preempted during this step
             out = requests[seq].output
-            if running[seq] == len(out):              # finished: its blocks go back
+            if progress[seq] < len(out):
+                if not _append_or_preempt(bm, seq, out[progress[seq]], running, waiting, totals):
+                    continue
+                progress[seq] += 1
+            if progress[seq] == len(out):             # finished: its blocks go back
                 bm.free(seq)
-                del running[seq]
-                continue
-            bm.append_slot(seq, out[running[seq]])
-            running[seq] += 1
+                running.remove(seq)
         if running:
             totals["used"] += sum(bm.num_tokens(s) for s in running)
             totals["contiguous"] += max_model_len * len(running)
@@ -97,10 +108,25 @@ def replay(requests: list[Request], block_size: int = 16, num_blocks: int | None
             totals["peak_shared"] = max(totals["peak_shared"], sum(bm.ref_count(b) > 1 for b in held))
             totals["steps"] += 1
         if on_step is not None:
-            on_step(step, bm, dict(running))
+            on_step(step, bm, {s: progress[s] for s in running})
         step += 1
     totals["stats"] = bm.stats()
     return totals
+
+
+def _append_or_preempt(bm, seq, token, running, waiting, totals) -> bool:
+    """Append one token; when the pool is empty, preempt the newest sequence (it will recompute)."""
+    while True:
+        try:
+            bm.append_slot(seq, token)
+            return True
+        except NoFreeBlocksError:
+            victim = running.pop()                    # vLLM's default: the last admitted goes first
+            bm.free(victim)
+            waiting.insert(0, victim)
+            totals["preemptions"] += 1
+            if victim == seq:
+                return False
 
 
 def run(num_requests: int = 200, block_size: int = 16, max_model_len: int = 2048, max_num_seqs: int = 32,
@@ -123,7 +149,7 @@ def run(num_requests: int = 200, block_size: int = 16, max_model_len: int = 2048
         "prefix_saving": 1 - cached["paged"] / plain["paged"],
         "prefill_tokens_saved": cached["cached_tokens"] / cached["prompt_tokens"],
         "prefix_hit_rate": cached["stats"]["prefix_hit_rate"],
-        "shared_blocks": cached["peak_shared"],
+        "shared_blocks": cached["peak_shared"], "preemptions": plain["preemptions"],
         "how_counted": HOW_COUNTED,
     }
 

@@ -29,7 +29,7 @@ def seq_color(seq: int) -> str:
 def demo_requests() -> list[Request]:
     """Six requests; four open with the same 8-token system prompt (two blocks of 4)."""
     system = [101, 102, 103, 104, 105, 106, 107, 108]
-    spec = [(0, system + [1, 2, 3], 5), (1, [21, 22, 23, 24, 25], 9), (2, system + [4, 5], 6),
+    spec = [(0, system + [1, 2, 3], 7), (1, [21, 22, 23, 24, 25], 9), (2, system + [4, 5], 6),
             (4, [31, 32, 33], 12), (4, system + [6, 7, 8, 9, 10, 11], 3), (14, system + [12], 4)]
     return [Request(t, prompt, [200 + 10 * i + j for j in range(n)]) for i, (t, prompt, n) in enumerate(spec)]
 

@@ -56,3 +56,18 @@ def test_table_output(capsys):
 def test_bad_block_size_is_one_line(capsys):
     assert main(["bench", "kv", "--block-size", "0"]) == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_a_small_pool_preempts_and_still_finishes_everything():
+    reqs = make_workload(12, 512, seed=5)
+    seen = []
+    t = replay(reqs, block_size=8, num_blocks=80, max_num_seqs=8, max_model_len=512,
+               on_step=lambda step, bm, running: seen.append(bm.num_blocks - bm.num_free_blocks))
+    assert t["preemptions"] > 0 and max(seen) <= 80
+    assert t["stats"]["free_blocks"] == 80 and t["used"] <= t["paged"]
+    assert t["used"] >= sum(len(r.prompt) + len(r.output) for r in reqs)   # every token was held at least once
+
+
+def test_a_request_larger_than_the_pool_is_a_clear_error():
+    with pytest.raises(ValueError, match="does not fit in 4 blocks"):
+        replay(make_workload(3, 512, seed=0), block_size=8, num_blocks=4, max_model_len=512)
