@@ -18,8 +18,7 @@ from inferlab.viz.figures import Live, escape
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f"]
 FREE, CACHED, EMPTY, SELECTED = "#e6e6e6", "#b8c7dd", "#f4f4f4", "#ffbf00"
-LEGEND = ("label: slots filled / block size; thick outline: shared (xN holders); c: cached but free; "
-          "grey: free; gold outline: the selected sequence's blocks")
+LEGEND = "n/{bs}: slots filled | thick outline: shared (xN) | c: cached, free | grey: free | gold: selected"
 
 
 def seq_color(seq: int) -> str:
@@ -103,7 +102,7 @@ def _contiguous_bars(snap: dict) -> dict:
 def pool_figure(trace: list[dict], step: int = 0, cols: int = 8, selected: int | None = None) -> go.Figure:
     """The two caches at ``trace[step]`` (a static figure; :func:`block_pool` animates it)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
-                        subplot_titles=("paged: physical block pool", "contiguous: max_model_len per sequence"))
+                        subplot_titles=("paged: physical block pool", "contiguous: max_model_len each"))
     fig.add_scatter(row=1, col=1, mode="markers+text", name="blocks", showlegend=False, hoverinfo="text",
                     marker=dict(symbol="square", size=42, line=dict(color="#222")), textfont=dict(size=10))
     fig.add_bar(row=1, col=2, orientation="h", name="used", showlegend=False)
@@ -112,7 +111,8 @@ def pool_figure(trace: list[dict], step: int = 0, cols: int = 8, selected: int |
     rows = -(-len(trace[0]["blocks"]) // cols)
     fig.update_layout(barmode="stack", height=150 + 52 * rows, margin=dict(l=50, r=20, t=60, b=50),
                       plot_bgcolor="white")
-    fig.add_annotation(text=LEGEND, xref="paper", yref="paper", x=0, y=-0.02, yanchor="top",
+    fig.add_annotation(text=LEGEND.format(bs=trace[0]["block_size"]), xref="paper", yref="paper",
+                       x=0, y=-0.02, yanchor="top",
                        showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
     fig.update_xaxes(row=1, col=1, visible=False, range=[-0.6, cols - 0.4])
     fig.update_yaxes(row=1, col=1, visible=False, range=[rows - 0.5, -0.5])
@@ -132,8 +132,7 @@ def draw(fig, snap: dict, cols: int = 8, selected: int | None = None) -> None:
                        marker=dict(color=pts["color"], line=dict(color=lines, width=widths)))
     fig.data[1].update(y=bars["y"], x=bars["used"], marker=dict(color=bars["color"]))
     fig.data[2].update(y=bars["y"], x=bars["empty"])
-    fig.layout.title.text = (f"step {snap['step']}: {w['used']} tokens in {len(snap['tables'])} sequences; "
-                             f"paged reserves {w['paged']} slots (waste {w['paged_waste']:.0%}), "
+    fig.layout.title.text = (f"step {snap['step']}: paged {w['paged']} slots (waste {w['paged_waste']:.0%}), "
                              f"contiguous {w['contiguous']} (waste {w['contiguous_waste']:.0%})")
 
 

@@ -1,0 +1,89 @@
+"""Notebook 02 in a real JupyterLab, in headless Chromium: the allocator view draws and steps.
+
+Reuses notebook 00's server and browser fixtures (a copy of notebooks/, loopback only)."""
+from __future__ import annotations
+
+import pytest
+
+from .test_jupyterlab import (  # noqa: F401  (fixtures are found by name)
+    ARTIFACTS, CHROMIUM_ARGS, RUN_ALL_AND_COLLECT, _figure_svg, chromium, jupyterlab)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+NOTEBOOK = "02_kv_cache.ipynb"
+
+RERUN_IN_VIEW = """
+async (needle) => {
+  const app = window.jupyterapp;
+  const panel = app.shell.currentWidget;
+  const index = panel.content.widgets.findIndex(c => c.model.sharedModel.getSource().includes(needle));
+  panel.content.activeCellIndex = index;
+  await panel.content.scrollToItem(index, "start");
+  await app.commands.execute("notebook:run-cell");
+}
+"""
+
+
+def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    blocked, page_errors = [], []
+
+    def only_loopback(route):
+        url = route.request.url
+        if url.startswith((jupyterlab, "data:", "blob:")) or url.startswith("ws://127.0.0.1"):
+            route.continue_()
+        else:
+            blocked.append(url)
+            route.abort()
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        page = None
+        try:
+            context.route("**/*", only_loopback)
+            page = context.new_page()
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.goto(f"{jupyterlab}/lab/tree/{NOTEBOOK}", wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            cells = page.evaluate(RUN_ALL_AND_COLLECT)
+            errors = [(c["source"], o) for c in cells for o in c["outputs"] if o.get("output_type") == "error"]
+            assert not errors, "cells raised:\n" + "\n\n".join(
+                f"{src!r}: {o.get('ename')}: {o.get('evalue')}" for src, o in errors)
+
+            # A FigureWidget created while its cell is scrolled out of view (Run All) can stay blank;
+            # a reader runs the cell where they see it, so run it again in view.
+            page.evaluate(RERUN_IN_VIEW, "viz.block_pool(")
+            pool = ".inferlab-block-pool"
+            page.locator(pool).scroll_into_view_if_needed(timeout=60_000)
+            expect(page.locator(f"{pool} .js-plotly-plot .scatterlayer .trace").first).to_be_attached(timeout=60_000)
+            assert page.locator(f"{pool} .js-plotly-plot .barlayer .trace").count() == 2
+            expect(page.locator(".jp-OutputArea .jp-RenderedMermaid img[src^='data:image/svg+xml'], "
+                                ".jp-OutputArea .jp-RenderedMermaid svg").first).to_be_attached(timeout=30_000)
+            assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0
+            header = page.locator(f"{pool} .widget-html-content").first
+            assert "step 4" in header.inner_text()
+
+            before = _figure_svg(page, pool)
+            handle = page.locator(f"{pool} .widget-slider .noUi-handle").first
+            handle.focus()
+            for _ in range(5):
+                page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                """([sel, old]) => { const s = document.querySelector(sel + " .js-plotly-plot svg.main-svg");
+                                     return s && s.innerHTML !== old; }""", arg=[pool, before], timeout=30_000)
+            assert "step 9" in header.inner_text(), header.inner_text()
+            page.locator(pool).screenshot(path=str(ARTIFACTS / "jupyterlab_02_block_pool.png"))
+        except BaseException:
+            if page is not None:
+                page.screenshot(path=str(ARTIFACTS / "jupyterlab_02_failure.png"))
+                (ARTIFACTS / "jupyterlab_02_failure.html").write_text(page.content())
+            raise
+        finally:
+            context.close()
+    assert not page_errors, f"JavaScript errors in the page: {page_errors}"
+    assert not blocked, f"the page asked for non-local resources (all blocked): {blocked[:10]}"
