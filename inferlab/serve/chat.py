@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEFAULT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% if not loop.last %}\n{% endif %}{% endfor %}"
+DEFAULT_TEMPLATE = "{% for m in messages %}{% if not loop.first %}{{ '\\n' }}{% endif %}{{ m['content'] }}{% endfor %}"
 
 
 class ChatTemplate:

@@ -88,6 +88,10 @@ class ServerMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", label, registry=r)
         self.success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
+        for metric in (self.ttft, self.tpot, self.e2e, self.queue, self.prompt_tokens, self.generation_tokens):
+            metric.labels(model_name)  # present (at zero) from the first scrape on
+        for reason in ("stop", "length"):
+            self.success.labels(model_name, reason)
         self._last_token: dict[str, float] = {}
 
     def observe(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
@@ -109,7 +113,7 @@ class ServerMetrics:
                 self._last_token.pop(rid, None)
                 self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
                 for c in out.outputs:
-                    self.success.labels(name, c.finish_reason or "abort").inc()
+                    self.success.labels(name, c.finish_reason).inc()
                 if m is not None and m.finished_time is not None:
                     self.e2e.labels(name).observe(m.finished_time - m.arrival_time)
         if len(self._last_token) > len(engine.requests):  # aborted requests leave no final output
