@@ -44,8 +44,10 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two >= 1 (e.g. 16), got {bs!r}")
         if c.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
-        if c.scheduler_policy not in ("continuous", "static"):
-            raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose continuous or static")
+        from inferlab.engine.policy import POLICIES
+
+        if c.scheduler_policy not in POLICIES:
+            raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
         if not 0 < c.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         context = model_config.max_position_embeddings
