@@ -22,16 +22,8 @@ import time
 
 import httpx
 
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+from inferlab.bench.serve import percentile
+from inferlab.errors import InferlabError
 
 
 async def _one(http: httpx.AsyncClient, url: str, model: str, req: dict, start: float, ignore_eos: bool) -> dict:
@@ -77,9 +69,13 @@ async def _run(url: str, workload: list[dict], model: str | None, ignore_eos: bo
     limits = httpx.Limits(max_connections=len(workload), max_keepalive_connections=len(workload))
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         if model is None:
-            r = await http.get(url + "/v1/models")
-            r.raise_for_status()
-            model = r.json()["data"][0]["id"]
+            try:
+                r = await http.get(url + "/v1/models")
+                r.raise_for_status()
+                model = r.json()["data"][0]["id"]
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                raise InferlabError(f"cannot list the models of {url} ({type(exc).__name__}: {exc}): "
+                                    f"is an OpenAI-compatible server running there? Or pass --model NAME") from None
         start = time.perf_counter()
         results = await asyncio.gather(*[_one(http, url, model, req, start, ignore_eos) for req in workload])
     ok = [r for r in results if r["ok"]]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.bench.serve_client import percentile, run_client
+from inferlab.bench.serve import percentile
+from inferlab.bench.serve_client import run_client
 
 
 def test_percentile_matches_numpy():
