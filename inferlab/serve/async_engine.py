@@ -182,3 +182,45 @@ class AsyncLLMEngine:
             stream.put(exc)
             self.engine.abort_request(request_id)
         self._streams.clear()
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from several streams in arrival order; leaving early aborts them all."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, stream):
+        try:
+            async for out in stream:
+                await merged.put((i, out))
+        except Exception as exc:
+            await merged.put((i, exc))
+        await merged.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, item = await merged.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()
+
+
+async def collect_finals(streams: list[RequestStream]) -> list[RequestOutput]:
+    finals: list = [None] * len(streams)
+    async for i, out in merge_streams(streams):
+        if out.finished:
+            finals[i] = out
+    return finals

@@ -15,7 +15,7 @@ from typing import AsyncIterator
 
 from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
-from inferlab.serve.async_engine import AsyncLLMEngine, RequestStream
+from inferlab.serve.async_engine import AsyncLLMEngine, RequestStream, collect_finals, merge_streams
 from inferlab.serve.chat import ChatTemplate
 
 log = logging.getLogger("inferlab.serve")
@@ -128,7 +128,7 @@ class OpenAIServing:
         echo = [self.tokenizer.decode(ids) if req.echo and self.tokenizer else "" for ids in prompts]
         if req.stream:
             return EventStream(self._completion_events(rid, req, streams, prompts, echo), streams)
-        finals = await _finals(streams)
+        finals = await collect_finals(streams)
         choices = [P.CompletionChoice(index=i * req.n + c.index, text=echo[i] + c.text, finish_reason=c.finish_reason)
                    for i, out in enumerate(finals) for c in out.outputs]
         return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage(finals))
@@ -166,7 +166,7 @@ class OpenAIServing:
         streams = await self._submit(rid, [ids], req, max_tokens, arrival)
         if req.stream:
             return EventStream(self._chat_events(rid, req, streams), streams)
-        (out,) = await _finals(streams)
+        (out,) = await collect_finals(streams)
         choices = [P.ChatChoice(index=c.index, message=P.ChatMessageOut(content=c.text),
                                 finish_reason=c.finish_reason) for c in out.outputs]
         return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
@@ -192,7 +192,7 @@ class OpenAIServing:
     async def _deltas(self, streams, n: int):
         """(choice index, new text, finish reason or None) per change; the final outputs at the end."""
         finished, finals = set(), [None] * len(streams)
-        async for i, out in _merge(streams):
+        async for i, out in merge_streams(streams):
             for c in out.outputs:
                 index = i * n + c.index
                 if index in finished or not (c.delta_text or c.finish_reason):
@@ -219,48 +219,6 @@ async def sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
         log.exception("generation failed mid-stream")
         yield f"data: {json.dumps(P.error_body(f'generation failed: {exc}', status=500))}\n\n"
     yield "data: [DONE]\n\n"
-
-
-async def _merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(stream index, output) from several streams in arrival order; leaving early aborts them all."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    merged: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, stream):
-        try:
-            async for out in stream:
-                await merged.put((i, out))
-        except Exception as exc:
-            await merged.put((i, exc))
-        await merged.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            i, item = await merged.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            s.abort()
-
-
-async def _finals(streams: list[RequestStream]) -> list[RequestOutput]:
-    finals: list = [None] * len(streams)
-    async for i, out in _merge(streams):
-        if out.finished:
-            finals[i] = out
-    return finals
 
 
 def _usage(finals: list[RequestOutput]) -> P.UsageInfo:

@@ -97,3 +97,43 @@ def test_models_and_health(client, server):
     (card,) = client.models.list().data
     assert card.id == "draft" and card.owned_by == "inferlab"
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_streamed_n_choices_equal_non_streamed(client):
+    kw = dict(model="draft", prompt="def g(", n=2, max_tokens=12, temperature=0.8, seed=11)
+    whole = sorted((c.index, c.text) for c in client.completions.create(**kw).choices)
+    texts = {}
+    for chunk in client.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert sorted(texts.items()) == whole
+
+
+def _fail_next_step(server):
+    """Make the engine's next step raise, once (as a bug or an out-of-memory would)."""
+    from serve.conftest import on_engine
+
+    def install(engine):
+        def boom():
+            del engine.step  # back to the class's method
+            raise RuntimeError("injected step failure")
+        engine.step = boom
+
+    on_engine(server, install)
+
+
+def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client):
+    import json
+
+    from serve.conftest import wait_idle
+
+    _fail_next_step(server)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4})
+    assert r.status_code == 500 and r.json()["error"]["code"] == 500 and "Traceback" not in r.text
+    _fail_next_step(server)
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"prompt": "x", "max_tokens": 4, "stream": True}) as s:
+        events = [x[6:] for x in s.iter_lines() if x.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "injected step failure" in json.loads(events[-2])["error"]["message"]
+    assert wait_idle(server)["used_blocks"] == 0
+    assert client.completions.create(model="draft", prompt="x", max_tokens=3).usage.completion_tokens >= 1
