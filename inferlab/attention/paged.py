@@ -100,15 +100,26 @@ def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
     return (scores.softmax(-1) @ v).reshape(b, hq, d)
 
 
-def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,
-                            decode_fn=paged_decode) -> torch.Tensor:
-    """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D]."""
+def torch_decode(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tensor:
+    """The decode step of the torch backend: q [B_decode, Hq, D] -> [B_decode, Hq, D].
+
+    A kernel takes its place with the same signature, reading ``meta.kv_cache.k[layer_idx]``
+    ([num_blocks, block_size, Hkv, D]), ``meta.block_tables[:B]`` and ``meta.context_lens[:B]``.
+    """
     cache = meta.kv_cache
-    k_slots, v_slots = cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
+    return paged_decode(q, cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.decode_slots, meta.decode_mask)
+
+
+def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,
+                            decode_fn=torch_decode) -> torch.Tensor:
+    """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D].
+    ``decode_fn(q, layer_idx, meta)`` computes the single-query sequences (see :func:`torch_decode`)."""
+    cache = meta.kv_cache
+    cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
     d = meta.num_decodes
     parts = []
     if d:
-        out = decode_fn(q[0, :, :d].transpose(0, 1), k_slots, v_slots, meta.decode_slots, meta.decode_mask)
+        out = decode_fn(q[0, :, :d].transpose(0, 1), layer_idx, meta)
         parts.append(out.transpose(0, 1)[None])
     gqa = q.shape[1] != k.shape[1]
     start = d
