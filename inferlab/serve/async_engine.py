@@ -46,7 +46,10 @@ class RequestStream:
         self.finished = False
 
     def put(self, item) -> None:  # called in the engine thread
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is closed (shutting down): nobody is listening
+            pass
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._outputs()
