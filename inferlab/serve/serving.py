@@ -7,7 +7,6 @@ server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
