@@ -117,12 +117,13 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None) 
 
 def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs: int = 16, seed: int = 0,
                      device: str | None = None, request_rate: float = float("inf"),
-                     enable_prefix_caching: bool = True, repeats: int = 3) -> dict:
+                     enable_prefix_caching: bool = True, repeats: int = 3, num_kv_blocks: int | None = None) -> dict:
     """Continuous vs static batching on one seeded workload, in one process, alternating, best of
     ``repeats`` each. Every run gets a fresh engine (a cold prefix cache) and a warm-up first."""
     workload = make_workload(num_requests, seed, request_rate=request_rate)
     warm = make_workload(max_num_seqs, seed + 1, max_tokens=16, num_system_prompts=0)
-    common = dict(model=model, device=device, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching)
+    common = dict(model=model, device=device, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
+                  num_kv_blocks=num_kv_blocks)
     runs: dict[str, dict] = {}
     completed, leaked = num_requests, 0  # over every run, not only the best ones
     for _ in range(repeats):
@@ -155,6 +156,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals per second (default inf: all at once)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="offline: a smaller KV pool preempts more")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--repeats", type=int, default=3, help="offline: best of this many runs per policy")
     p.add_argument("--seed", type=int, default=0)
@@ -168,7 +170,7 @@ def main(argv: list[str]) -> int:
     if args.url is not None:
         return _main_url(args, p)
     r = compare_policies(args.model, args.num_requests, args.max_num_seqs, args.seed, args.device,
-                         args.request_rate, not args.no_prefix_caching, args.repeats)
+                         args.request_rate, not args.no_prefix_caching, args.repeats, args.num_kv_blocks)
     if args.json:
         print(json.dumps(_rounded(r)))
         return 0

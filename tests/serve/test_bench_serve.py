@@ -62,3 +62,12 @@ def test_url_mode_unreachable_server_fails_cleanly(capsys):
     assert main(["bench", "serve", "--url", "http://127.0.0.1:9", "--num-requests", "2"]) == 2
     err = capsys.readouterr().err
     assert "is an OpenAI-compatible server running there" in err and "Traceback" not in err
+
+
+def test_a_small_pool_preempts_and_still_completes_without_leaks():
+    llm = LLM("draft", device="cpu", max_num_seqs=8, num_kv_blocks=16, enable_prefix_caching=True)
+    w = make_workload(16, seed=0, max_tokens=32)
+    r = run_offline({}, w, llm=llm)
+    assert r["num_preemptions"] > 0
+    assert r["requests"] == 16 and r["output_tokens"] == sum(x["max_tokens"] for x in w)
+    assert r["leaked_blocks"] == 0
