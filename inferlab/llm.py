@@ -80,14 +80,14 @@ class LLM:
         engine = self.llm_engine
         before = dict(engine.counters)
         ids = []
-        for ids_, sp in zip(prompt_token_ids, sampling_params):
-            rid = f"generate-{self._ids}"
-            self._ids += 1
-            engine.add_request(rid, list(ids_), sp, stream=False)
-            ids.append(rid)
         finals: dict[str, RequestOutput] = {}
         t0 = time.perf_counter()
-        try:
+        try:  # a bad prompt or an interrupt leaves nothing of this call queued in the engine
+            for ids_, sp in zip(prompt_token_ids, sampling_params):
+                rid = f"generate-{self._ids}"
+                self._ids += 1
+                engine.add_request(rid, list(ids_), sp, stream=False)
+                ids.append(rid)
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:

@@ -68,10 +68,13 @@ class PagedAttentionMetadata:
             ctx_host = self.context_lens_host[:d]
             s = max(ctx_host)
             bs = self.kv_cache.block_size
-            pos = torch.arange(s, device=device)
-            self.decode_slots = self.block_tables[:d, pos // bs] * bs + pos % bs
+            nb = -(-s // bs)
+            offsets = torch.arange(bs, device=device)
+            slots = self.block_tables[:d, :nb, None] * bs + offsets  # [B, nb, bs]
+            self.decode_slots = slots.view(d, nb * bs)[:, :s].contiguous()
             window_bites = sliding_window is not None and s > sliding_window
             if window_bites or min(ctx_host) < s:
+                pos = torch.arange(s, device=device)
                 ctx = self.context_lens[:d, None]
                 visible = pos[None] < ctx
                 if window_bites:
@@ -92,8 +95,9 @@ def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
     """
     b, hq, d = q.shape
     hkv = k_slots.shape[1]
-    k = k_slots[decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
-    v = v_slots[decode_slots].transpose(1, 2)
+    flat = decode_slots.view(-1)  # index_select: about half the cost of advanced indexing on CPU
+    k = k_slots.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_slots.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2)
     scores = (q.view(b, hkv, hq // hkv, d) @ k.transpose(-1, -2)) * d**-0.5  # [B, Hkv, G, S]
     if bias is not None:
         scores += bias

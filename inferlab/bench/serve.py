@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
         x = r[name]
         print(f"{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}{x['ttft_p50_s']:>10.3f}"
               f"{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
-    print(f"continuous / static throughput: {r['ratio']:.2f}x; completed {r['completed']}/{r['requests']}, "
+    print(f"continuous / static throughput: {r['ratio']:.2f}x ({r['step_ratio']:.2f}x fewer steps); completed {r['completed']}/{r['requests']}, "
           f"preemptions {r['preemptions']}, prefix hit rate {r['prefix_hit_rate']:.2f}, "
           f"leaked blocks {r['leaked_blocks']}")
     return 0

@@ -99,7 +99,6 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- one step -----------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if not out.scheduled:

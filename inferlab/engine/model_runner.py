@@ -57,7 +57,10 @@ class ModelRunner:
             q_lens.append(q)
             ctx_lens.append(end)
         width = max(len(t) for t in tables)
-        tables = [t + [0] * (width - len(t)) for t in tables]  # padding: masked by context_lens
+        padded = []
+        for t in tables:
+            padded += t
+            padded += [0] * (width - len(t))  # padding: masked by context_lens
         cu_q, cu_k = [0], [0]
         for q, c in zip(q_lens, ctx_lens):
             cu_q.append(cu_q[-1] + q)
@@ -68,11 +71,11 @@ class ModelRunner:
             inverse[i] = j
         last = [last[inverse[i]] for i in range(len(seqs))]  # back in the caller's order
         n, b = len(ids), len(seqs)
-        flat = torch.tensor(ids + positions + slots + ctx_lens + cu_q + cu_k + last, device=self.device)
-        parts = flat.split([n, n, n, b, b + 1, b + 1, b])
+        flat = torch.tensor(ids + positions + slots + ctx_lens + cu_q + cu_k + last + padded, device=self.device)
+        parts = flat.split([n, n, n, b, b + 1, b + 1, b, b * width])
         meta = PagedAttentionMetadata(
             positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
-            block_tables=torch.tensor(tables, device=self.device), context_lens=parts[3],
+            block_tables=parts[7].view(b, width), context_lens=parts[3],
             cu_seqlens_q=parts[4], cu_seqlens_k=parts[5], query_lens=q_lens, context_lens_host=ctx_lens,
             num_decodes=sum(1 for q in q_lens if q == 1))
         return parts[0][None], meta, parts[6], order

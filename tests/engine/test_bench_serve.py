@@ -28,6 +28,6 @@ def test_run_offline_both_policies(tmp_path):
 
 
 def test_bench_serve_cli_json(capsys):
-    assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--json"]) == 0
+    assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["ratio"] > 0

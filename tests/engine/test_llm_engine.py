@@ -43,6 +43,9 @@ def test_llm_generate_runs_on_the_engine(target):
     assert [o.request_id for o in outs] == [str(i) for i in range(len(PROMPTS))]
     assert outs[0].prompt == PROMPTS[0] and outs[0].metrics.first_token_time is not None
     assert llm.llm_engine.kv_cache_stats()["free_blocks"] == llm.llm_engine.config.num_kv_blocks
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(prompt_token_ids=[[5, 6], [7] * 600], sampling_params=GREEDY)
+    assert not llm.llm_engine.has_unfinished_requests()  # the good prompt was withdrawn too
 
 
 @pytest.mark.parametrize("knobs", [dict(enable_prefix_caching=True),
