@@ -2,6 +2,7 @@
 
     inferlab generate PROMPT [--model M] ...   stream a completion
     inferlab bench {decode,...} --json         measure against a baseline in the same process
+    inferlab serve [--model M] [--port P]      an OpenAI-compatible HTTP server
     inferlab train                             train the embedded target/draft pair
     inferlab eval ppl --model M --json         perplexity on the held-out stdlib split
     inferlab models --json                     list the embedded models
@@ -19,6 +20,7 @@ from inferlab.errors import InferlabError
 COMMANDS = {
     "generate": ("inferlab.generate_cli", "stream a completion for one prompt"),
     "bench": ("inferlab.bench", "benchmarks that print ratios against a baseline"),
+    "serve": ("inferlab.serve", "an OpenAI-compatible HTTP server on the engine"),
     "train": ("inferlab.train", "train the embedded target and draft models"),
     "eval": ("inferlab.eval", "evaluation harnesses (perplexity)"),
     "models": ("inferlab.embedded", "list the embedded models"),

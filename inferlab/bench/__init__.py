@@ -8,7 +8,7 @@ from __future__ import annotations
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
     "kv": ("inferlab.bench.kv", "KV-cache memory wasted: contiguous vs paged, prefix sharing"),
-    "serve": ("inferlab.bench.serve", "offline throughput: continuous vs static batching, same workload"),
+    "serve": ("inferlab.bench.serve", "continuous vs static batching on one workload; --url: any OpenAI server"),
 }
 
 

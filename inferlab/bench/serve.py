@@ -1,18 +1,26 @@
-"""Offline serving throughput: the same seeded workload through continuous and static batching.
+"""Serving throughput: one seeded workload through continuous and static batching, or any server.
 
-Every request of the workload arrives at once; the engine runs until all are done. Output
-lengths vary (a long tail, as in chat traffic), which is what static batching handles badly:
-its batch waits for its longest request while finished slots sit idle; continuous batching
-(Orca, vLLM) refills them at every step. Both policies run the same scheduler code in one
-process and the report gives their ratio.
+The workload looks like chat traffic: requests arrive as a Poisson process (``--request-rate``
+per second), prompt and output lengths are lognormal (most short, a long tail), and some prompts
+start with one of a few shared system prompts (what prefix caching reuses). Output lengths vary,
+which is what static batching handles badly: its batch waits for its longest request while
+finished slots sit idle; continuous batching (Orca, vLLM) refills them at every step. Both
+policies run the same scheduler code in one process and the report gives their ratio, with the
+continuous run's latencies (TTFT, TPOT), preemptions, prefix-cache hit rate and any KV blocks
+still held after every request finished (leaked).
+
+With ``--url http://HOST:PORT`` the same workload is sent instead to a running OpenAI-compatible
+server (``inferlab serve``, vLLM, SGLang) and timed from the client (``serve_client.py``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import time
+from collections import deque
 
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
@@ -22,87 +30,185 @@ STARTS = ["def ", "class ", "import ", "for i in range(", "if __name__ == ", "re
 WORDS = ["data", "path", "name", "value", "result", "items", "config", "buffer", "node", "count", "key", "line"]
 
 
-def make_workload(num_requests: int = 64, seed: int = 0, min_tokens: int = 8, max_tokens: int = 128) -> list[dict]:
-    """Seeded requests: a short code prompt each, and an output length from a long-tailed
-    distribution between min_tokens and max_tokens (EOS ignored, so lengths are exact)."""
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def system_prompts(k: int, rng: random.Random) -> list[str]:
+    """``k`` module headers of 12-24 lines each: the shared prefixes of the workload."""
+    heads = []
+    for j in range(k):
+        lines = [f'"""Helpers for {rng.choice(WORDS)} {rng.choice(WORDS)} handling ({j})."""']
+        for _ in range(rng.randint(12, 24)):
+            a, b = rng.sample(WORDS, 2)
+            lines.append(rng.choice([f"import {a}", f"from {a} import {b}", f"{a.upper()}_{b.upper()} = {rng.randint(0, 99)}"]))
+        heads.append("\n".join(lines) + "\n\n")
+    return heads
+
+
+def make_workload(num_requests: int = 64, seed: int = 0, min_tokens: int = 8, max_tokens: int = 128,
+                  request_rate: float = float("inf"), shared_fraction: float = 0.5,
+                  num_system_prompts: int = 4) -> list[dict]:
+    """Seeded requests ``{"prompt", "max_tokens", "arrival_s"}``: a code prompt of lognormal length
+    (``shared_fraction`` of them behind one of ``num_system_prompts`` shared headers), an output
+    length from a lognormal between min_tokens and max_tokens (EOS ignored, so lengths are exact),
+    and Poisson arrivals at ``request_rate`` per second (inf: all at time 0)."""
     rng = random.Random(seed)
-    workload = []
+    heads = system_prompts(num_system_prompts, rng)
+    median = max(min_tokens, (max_tokens * min_tokens) ** 0.5 / 2)  # long tail up to max_tokens
+    workload, t = [], 0.0
     for _ in range(num_requests):
-        prompt = rng.choice(STARTS) + "_".join(rng.choices(WORDS, k=rng.randint(1, 4)))
-        length = min(max_tokens, min_tokens + int(rng.paretovariate(1.2) * min_tokens) - min_tokens)
-        workload.append({"prompt": prompt, "max_tokens": max(min_tokens, length)})
+        words = min(40, max(1, round(rng.lognormvariate(1.0, 0.8))))
+        prompt = rng.choice(STARTS) + "_".join(rng.choices(WORDS, k=words))
+        if heads and rng.random() < shared_fraction:
+            prompt = rng.choice(heads) + prompt
+        length = round(rng.lognormvariate(math.log(median), 1.0))
+        if request_rate != float("inf"):
+            t += rng.expovariate(request_rate)
+        workload.append({"prompt": prompt, "max_tokens": min(max_tokens, max(min_tokens, length)), "arrival_s": t})
     return workload
 
 
 def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None) -> dict:
-    """Run every request of ``workload`` through ``LLM(**llm_kwargs)``'s engine (or ``llm``'s);
-    return throughput, latency and scheduler counters."""
+    """Run ``workload`` through ``LLM(**llm_kwargs)``'s engine (or ``llm``'s), each request added
+    when its ``arrival_s`` comes; return throughput, latency, scheduler and KV-pool counters."""
     llm = llm or LLM(**llm_kwargs)
     engine = llm.llm_engine
-    preempted_before = engine.num_preemptions
-    steps_before = engine.counters["num_steps"]
-    t0 = time.monotonic()
-    for i, req in enumerate(workload):
-        params = SamplingParams(temperature=0, max_tokens=req["max_tokens"], ignore_eos=True)
-        engine.add_request(f"offline-{i}", req["prompt"], params, arrival_time=t0, stream=False)
+    before = dict(engine.kv_cache_stats(), num_steps=engine.counters["num_steps"])
+    pending = deque(sorted(enumerate(workload), key=lambda x: x[1].get("arrival_s", 0.0)))
     finals = []
-    while engine.has_unfinished_requests():
-        finals += [o for o in engine.step() if o.finished]
+    t0 = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic()
+        while pending and t0 + pending[0][1].get("arrival_s", 0.0) <= now:
+            i, req = pending.popleft()
+            params = SamplingParams(temperature=0, max_tokens=req["max_tokens"], ignore_eos=True)
+            engine.add_request(f"offline-{i}", req["prompt"], params, arrival_time=t0 + req.get("arrival_s", 0.0),
+                               stream=False)
+        if engine.has_unfinished_requests():
+            finals += [o for o in engine.step() if o.finished]
+        elif pending:  # idle until the next arrival
+            time.sleep(max(0.0, t0 + pending[0][1]["arrival_s"] - time.monotonic()))
     elapsed = time.monotonic() - t0
+    after = engine.kv_cache_stats()
     out_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in finals]
     tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
             for o in finals if len(o.outputs[0].token_ids) > 1]
     latency = [o.metrics.finished_time - o.metrics.arrival_time for o in finals]
+    queries = after["prefix_queries"] - before["prefix_queries"]
     return {"policy": engine.config.scheduler_policy, "requests": len(finals),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in finals), "output_tokens": out_tokens,
             "elapsed_s": elapsed, "output_tokens_per_s": out_tokens / elapsed, "requests_per_s": len(finals) / elapsed,
             "mean_ttft_s": statistics.fmean(ttft), "mean_tpot_s": statistics.fmean(tpot) if tpot else 0.0,
-            "mean_latency_s": statistics.fmean(latency), "num_steps": engine.counters["num_steps"] - steps_before,
-            "num_preemptions": engine.num_preemptions - preempted_before}
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99), "tpot_p50_s": percentile(tpot, 50),
+            "mean_latency_s": statistics.fmean(latency), "num_steps": engine.counters["num_steps"] - before["num_steps"],
+            "num_preemptions": after["num_preemptions"] - before["num_preemptions"],
+            "prefix_hit_rate": (after["prefix_hits"] - before["prefix_hits"]) / queries if queries else 0.0,
+            "leaked_blocks": after["used_blocks"]}  # blocks still referenced with no request left
 
 
 def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs: int = 16, seed: int = 0,
-                     device: str | None = None, repeats: int = 3) -> dict:
-    """Continuous vs static batching on one seeded workload, in one process: a warm-up, then the
-    two policies alternately, ``repeats`` times each; the fastest run of each is reported."""
-    workload = make_workload(num_requests, seed)
-    common = dict(model=model, device=device, max_num_seqs=max_num_seqs)
-    llms = {p: LLM(**common, scheduler_policy=p) for p in ("continuous", "static")}
-    run_offline({}, workload[:max_num_seqs], llm=llms["continuous"])  # warm-up
+                     device: str | None = None, request_rate: float = float("inf"),
+                     enable_prefix_caching: bool = True, repeats: int = 3, num_kv_blocks: int | None = None) -> dict:
+    """Continuous vs static batching on one seeded workload, in one process, alternating, best of
+    ``repeats`` each. Every run gets a fresh engine (a cold prefix cache) and a warm-up first."""
+    workload = make_workload(num_requests, seed, request_rate=request_rate)
+    warm = make_workload(max_num_seqs, seed + 1, max_tokens=16, num_system_prompts=0)
+    common = dict(model=model, device=device, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
+                  num_kv_blocks=num_kv_blocks)
     runs: dict[str, dict] = {}
+    completed, leaked = num_requests, 0  # over every run, not only the best ones
     for _ in range(repeats):
-        for p, llm in llms.items():
-            r = run_offline({}, workload, llm=llm)
-            if p not in runs or r["elapsed_s"] < runs[p]["elapsed_s"]:
-                runs[p] = r
-    ratio = runs["continuous"]["output_tokens_per_s"] / runs["static"]["output_tokens_per_s"]
-    return {"model": model, "num_requests": num_requests, "max_num_seqs": max_num_seqs, "seed": seed,
-            "repeats": repeats, "continuous": runs["continuous"], "static": runs["static"],
-            "throughput_ratio": ratio, "step_ratio": runs["static"]["num_steps"] / runs["continuous"]["num_steps"]}
+        for policy in ("continuous", "static"):
+            llm = LLM(**common, scheduler_policy=policy)
+            run_offline({}, warm, llm=llm)
+            run = run_offline({}, workload, llm=llm)
+            completed, leaked = min(completed, run["requests"]), leaked + run["leaked_blocks"]
+            if policy not in runs or run["output_tokens_per_s"] > runs[policy]["output_tokens_per_s"]:
+                runs[policy] = run
+    c, st = runs["continuous"], runs["static"]
+    return {"requests": num_requests, "completed": completed,
+            "static_tokens_per_s": st["output_tokens_per_s"], "continuous_tokens_per_s": c["output_tokens_per_s"],
+            "ratio": c["output_tokens_per_s"] / st["output_tokens_per_s"],
+            "step_ratio": st["num_steps"] / c["num_steps"],  # the scheduling gain, free of per-step cost
+            "ttft_p50_s": c["ttft_p50_s"], "ttft_p99_s": c["ttft_p99_s"], "tpot_p50_s": c["tpot_p50_s"],
+            "preemptions": c["num_preemptions"], "prefix_hit_rate": c["prefix_hit_rate"],
+            "leaked_blocks": leaked,
+            "model": model, "max_num_seqs": max_num_seqs, "seed": seed, "request_rate": request_rate,
+            "repeats": repeats,
+            "continuous": c, "static": st}
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench serve", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="target")
+    p.add_argument("--model", default="target", help="offline: the model to load; --url: the served name "
+                   "(default: the first the server lists)")
+    p.add_argument("--url", default=None, help="benchmark the OpenAI-compatible server at http://HOST:PORT instead")
     p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default inf: all at once)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="offline: a smaller KV pool preempts more")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--repeats", type=int, default=3, help="offline: best of this many runs per policy")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.num_requests < 1 or args.max_num_seqs < 1 or args.repeats < 1:
         p.error("--num-requests, --max-num-seqs and --repeats must be >= 1")
-    r = compare_policies(args.model, args.num_requests, args.max_num_seqs, args.seed, args.device, args.repeats)
+    if not args.request_rate > 0:
+        p.error("--request-rate must be > 0 (inf: all at once)")
+    if args.url is not None:
+        return _main_url(args, p)
+    r = compare_policies(args.model, args.num_requests, args.max_num_seqs, args.seed, args.device,
+                         args.request_rate, not args.no_prefix_caching, args.repeats, args.num_kv_blocks)
     if args.json:
-        print(json.dumps(r, default=lambda v: round(v, 4)))
+        print(json.dumps(_rounded(r)))
         return 0
-    print(f"{r['num_requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']} ({r['model']})")
-    print(f"{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT s':>8}{'TPOT ms':>9}{'steps':>7}")
+    print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, "
+          f"rate {r['request_rate']}/s ({r['model']}), best of {r['repeats']}")
+    print(f"{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}")
     for name in ("continuous", "static"):
         x = r[name]
-        print(f"{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}{x['mean_ttft_s']:>8.2f}"
-              f"{x['mean_tpot_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
-    print(f"continuous / static throughput: {r['throughput_ratio']:.2f}x ({r['step_ratio']:.2f}x fewer steps)")
+        print(f"{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}{x['ttft_p50_s']:>10.3f}"
+              f"{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
+    print(f"continuous / static throughput: {r['ratio']:.2f}x ({r['step_ratio']:.2f}x fewer steps); completed {r['completed']}/{r['requests']}, "
+          f"preemptions {r['preemptions']}, prefix hit rate {r['prefix_hit_rate']:.2f}, "
+          f"leaked blocks {r['leaked_blocks']}")
     return 0
+
+
+def _main_url(args, p) -> int:
+    from inferlab.bench.serve_client import run_client
+
+    workload = make_workload(args.num_requests, args.seed, request_rate=args.request_rate)
+    model = None if args.model == p.get_default("model") else args.model
+    r = run_client(args.url, workload, model)
+    if args.json:
+        print(json.dumps(_rounded(r)))
+    else:
+        print(f"{r['requests']} requests to {r['url']} ({r['model']}), rate {args.request_rate}/s, seed {args.seed}")
+        print(f"completed {r['completed']}/{r['requests']}, {r['tokens_per_s']:.1f} output tokens/s, "
+              f"TTFT p50 {r['ttft_p50_s'] or 0:.3f} s p99 {r['ttft_p99_s'] or 0:.3f} s, "
+              f"TPOT p50 {(r['tpot_p50_s'] or 0) * 1e3:.2f} ms")
+        if r["first_error"]:
+            print(f"first error: {r['first_error']}")
+    return 0 if r["completed"] == r["requests"] else 1
+
+
+def _rounded(v):
+    """Floats to 4 decimals for the JSON report; an infinite rate (all at once) as null."""
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, float):
+        return round(v, 4) if math.isfinite(v) else None
+    return v

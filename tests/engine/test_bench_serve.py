@@ -18,7 +18,7 @@ def test_run_offline_both_policies(tmp_path):
     from core.checkpoints import save_with_tokenizer
 
     save_with_tokenizer(tmp_path)
-    workload = make_workload(12, seed=0, max_tokens=24)
+    workload = make_workload(12, seed=0, max_tokens=24, num_system_prompts=0)  # 128-token context
     runs = {p: run_offline(dict(model=str(tmp_path), device="cpu", max_num_seqs=4, scheduler_policy=p), workload)
             for p in ("continuous", "static")}
     for r in runs.values():
@@ -30,4 +30,4 @@ def test_run_offline_both_policies(tmp_path):
 def test_bench_serve_cli_json(capsys):
     assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["throughput_ratio"] > 0
+    assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["ratio"] > 0

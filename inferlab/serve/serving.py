@@ -1,0 +1,226 @@
+"""The OpenAI endpoints' logic: a request body in, engine requests out, OpenAI JSON or SSE back.
+
+One HTTP request may become several engine requests: a list of prompts gives one each (their
+``n`` completions are forked inside the engine). Their outputs are merged as they come, and choice
+``i * n + j`` is completion ``j`` of prompt ``i``, as in OpenAI's API. Streaming answers are
+server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import AsyncIterator
+
+from inferlab.outputs import RequestOutput
+from inferlab.serve import protocol as P
+from inferlab.serve.async_engine import AsyncLLMEngine, RequestStream, collect_finals, merge_streams
+from inferlab.serve.chat import ChatTemplate
+
+log = logging.getLogger("inferlab.serve")
+
+
+class ApiError(Exception):
+    """A request the server refuses: becomes an OpenAI-style JSON error with this status."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+class EventStream:
+    """A streaming answer: its SSE lines, and the engine requests to abort if it is never read."""
+
+    def __init__(self, events: AsyncIterator[str], streams: list[RequestStream]):
+        self.events, self.streams = sse_stream(events), streams
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.abort()
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLMEngine, tokenizer, model_name: str,
+                 chat_template: ChatTemplate | None = None, root: str | None = None):
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+        self.chat_template = chat_template or ChatTemplate()
+        self.root = root
+        cfg = engine.engine.config
+        self.max_model_len = cfg.max_model_len
+        self.pool_slots = cfg.num_kv_blocks * cfg.block_size
+        self.vocab_size = engine.engine.model.config.vocab_size
+
+    def models(self) -> P.ModelList:
+        return P.ModelList(data=[P.ModelCard(id=self.model_name, root=self.root, max_model_len=self.max_model_len)])
+
+    # ---- checks shared by both endpoints ------------------------------------------------------
+    def _check(self, req: P.SamplingFields) -> None:
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(f"The model `{req.model}` does not exist: this server serves `{self.model_name}`",
+                           404, "model")
+        problem = req.unsupported()
+        if problem:
+            raise ApiError(problem)
+
+    def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
+        limit = min(self.max_model_len, self.pool_slots)
+        if prompt_len >= limit:
+            raise ApiError(f"the prompt has {prompt_len} tokens, but this model's context is {limit} tokens: "
+                           f"shorten the prompt", param="prompt")
+        if requested is None:
+            return limit - prompt_len
+        if requested < 1:
+            raise ApiError(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+        if prompt_len + requested > limit:
+            raise ApiError(f"this model's maximum context length is {limit} tokens, but {prompt_len + requested} "
+                           f"were requested ({prompt_len} in the prompt, {requested} to generate): lower "
+                           f"max_tokens or shorten the prompt", param="max_tokens")
+        return requested
+
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise ApiError("this model has no tokenizer.json: send the prompt as a list of token ids", param="prompt")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def _prompts(self, prompt) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompts = [self._encode(prompt)]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        elif prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [self._encode(p) for p in prompt]
+        elif prompt and all(isinstance(p, list) for p in prompt):
+            prompts = [list(p) for p in prompt]
+        else:
+            raise ApiError("prompt must be a string, a list of strings, or token ids", param="prompt")
+        for ids in prompts:
+            if not ids:
+                raise ApiError("the prompt is empty: give at least one token", param="prompt")
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise ApiError(f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
+        return prompts
+
+    async def _submit(self, request_id: str, prompts: list[list[int]], req, max_tokens: int | None,
+                      arrival: float) -> list[RequestStream]:
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                try:
+                    params = req.sampling_params(self._max_tokens(max_tokens, len(ids)))
+                    streams.append(await self.engine.add_request(f"{request_id}-{i}", ids, params, arrival))
+                except ValueError as exc:
+                    raise ApiError(str(exc)) from None
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        return streams
+
+    # ---- /v1/completions ----------------------------------------------------------------------
+    async def completions(self, req: P.CompletionRequest):
+        """A CompletionResponse, or an EventStream when ``req.stream``."""
+        arrival = time.monotonic()
+        self._check(req)
+        prompts = self._prompts(req.prompt)
+        rid = P.new_id("cmpl")
+        streams = await self._submit(rid, prompts, req, req.max_tokens, arrival)
+        echo = [self.tokenizer.decode(ids) if req.echo and self.tokenizer else "" for ids in prompts]
+        if req.stream:
+            return EventStream(self._completion_events(rid, req, streams, prompts, echo), streams)
+        finals = await collect_finals(streams)
+        choices = [P.CompletionChoice(index=i * req.n + c.index, text=echo[i] + c.text, finish_reason=c.finish_reason)
+                   for i, out in enumerate(finals) for c in out.outputs]
+        return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage(finals))
+
+    async def _completion_events(self, rid, req, streams, prompts, echo) -> AsyncIterator[str]:
+        def chunk(choices, usage=None):
+            return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage)
+
+        if req.echo:
+            yield _sse(chunk([P.CompletionChoice(index=i * req.n + j, text=echo[i])
+                              for i in range(len(prompts)) for j in range(req.n)]))
+        finals = []
+        async for event in self._deltas(streams, req.n):
+            if isinstance(event, list):
+                finals = event
+            else:
+                yield _sse(chunk([P.CompletionChoice(index=event[0], text=event[1], finish_reason=event[2])]))
+        if req.stream_options and req.stream_options.include_usage and finals:
+            yield _sse(chunk([], _usage(finals)))
+
+    # ---- /v1/chat/completions -----------------------------------------------------------------
+    async def chat(self, req: P.ChatCompletionRequest):
+        arrival = time.monotonic()
+        self._check(req)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = self.chat_template.render(messages)
+        except Exception as exc:  # the template refused the conversation (jinja2's TemplateError...)
+            raise ApiError(f"the chat template could not render these messages: {exc}", param="messages") from None
+        ids = self._encode(text, add_special_tokens=self.chat_template.is_default)
+        if not ids:
+            raise ApiError("the messages are empty: give some content", param="messages")
+        rid = P.new_id("chatcmpl")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        streams = await self._submit(rid, [ids], req, max_tokens, arrival)
+        if req.stream:
+            return EventStream(self._chat_events(rid, req, streams), streams)
+        (out,) = await collect_finals(streams)
+        choices = [P.ChatChoice(index=c.index, message=P.ChatMessageOut(content=c.text),
+                                finish_reason=c.finish_reason) for c in out.outputs]
+        return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
+
+    async def _chat_events(self, rid, req, streams) -> AsyncIterator[str]:
+        def chunk(choices, usage=None):
+            return P.ChatCompletionChunk(id=rid, model=self.model_name, choices=choices, usage=usage)
+
+        yield _sse(chunk([P.ChatStreamChoice(index=j, delta=P.DeltaMessage(role="assistant", content=""))
+                          for j in range(req.n)]))
+        finals = []
+        async for event in self._deltas(streams, req.n):
+            if isinstance(event, list):
+                finals = event
+            else:
+                index, text, reason = event
+                delta = P.DeltaMessage(content=text) if text or reason is None else P.DeltaMessage()
+                yield _sse(chunk([P.ChatStreamChoice(index=index, delta=delta, finish_reason=reason)]))
+        if req.stream_options and req.stream_options.include_usage and finals:
+            yield _sse(chunk([], _usage(finals)))
+
+    # ---- streaming, shared ----------------------------------------------------------------------
+    async def _deltas(self, streams, n: int):
+        """(choice index, new text, finish reason or None) per change; the final outputs at the end."""
+        finished, finals = set(), [None] * len(streams)
+        async for i, out in merge_streams(streams):
+            for c in out.outputs:
+                index = i * n + c.index
+                if index in finished or not (c.delta_text or c.finish_reason):
+                    continue
+                if c.finish_reason:
+                    finished.add(index)
+                yield index, c.delta_text, c.finish_reason
+            if out.finished:
+                finals[i] = out
+        yield finals
+
+
+def _sse(model) -> str:
+    return f"data: {model.model_dump_json()}\n\n"
+
+
+async def sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The events, an error event if generation failed midway (the status line is already sent),
+    and the closing ``data: [DONE]``."""
+    try:
+        async for e in events:
+            yield e
+    except Exception as exc:
+        log.exception("generation failed mid-stream")
+        yield f"data: {json.dumps(P.error_body(f'generation failed: {exc}', status=500))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _usage(finals: list[RequestOutput]) -> P.UsageInfo:
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

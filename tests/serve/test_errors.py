@@ -1,0 +1,81 @@
+"""Refused requests: OpenAI's error JSON with status 400 (404 for an unknown model), never a trace;
+the official client raises its own exception types for them."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+
+def _post(server, path, **kw):
+    r = httpx.post(server.url + path, **kw)
+    assert "Traceback" not in r.text
+    return r
+
+
+@pytest.mark.parametrize("body,param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    (b'{"prompt": 3}', "prompt"),
+    (b'{"max_tokens": 4}', "prompt"),
+    (b'{"prompt": "x", "max_tokens": "many"}', "max_tokens"),
+    (b'{"prompt": "x", "max_tokens": 0}', "max_tokens"),
+    (b'{"prompt": "x", "max_tokens": 600}', "max_tokens"),
+    (b'{"prompt": "x", "temperature": -1}', None),
+    (b'{"prompt": "x", "n": 0}', None),
+    (b'{"prompt": "x", "n": 9}', None),                 # more than max_num_seqs
+    (b'{"prompt": "x", "n": 2, "best_of": 3}', None),
+    (b'{"prompt": "x", "logprobs": 2}', None),
+    (b'{"prompt": ""}', "prompt"),
+    (b'{"prompt": [1, 99999]}', "prompt"),
+    (b'{"prompt": []}', "prompt"),
+])
+def test_bad_completion_requests_get_400(server, body, param):
+    r = _post(server, "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == 400 and err["type"] == "BadRequestError"
+    assert err["message"] and "\n" not in err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": []},
+    {"messages": [{"role": "wizard", "content": "x"}]},
+    {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+    {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1},
+    {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5},
+])
+def test_bad_chat_requests_get_400(server, body):
+    r = _post(server, "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == 400
+
+
+def test_prompt_longer_than_the_context(client):
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="draft", prompt="x = 1\n" * 200, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model="draft", messages=[{"role": "user", "content": "x = 1\n" * 200}])
+
+
+def test_unknown_model_is_404_as_in_openai_and_vllm(client):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-5", prompt="x", max_tokens=2)
+
+
+def test_a_refused_request_leaves_nothing_behind(server, client):
+    from serve.conftest import on_engine
+
+    with pytest.raises(openai.BadRequestError):  # the second prompt is refused after the first was queued
+        client.completions.create(model="draft", prompt=["def f():", "x = 1\n" * 123], max_tokens=100,
+                                  extra_body={"ignore_eos": True})
+    # the first one (100 tokens to go) was aborted before the answer left: nothing runs now
+    stats = on_engine(server, lambda e: {**e.kv_cache_stats(), "requests": len(e.requests)})
+    assert stats["requests"] == 0 and stats["used_blocks"] == 0
+
+
+def test_unknown_route_and_method(server):
+    assert httpx.get(server.url + "/v1/completions").status_code == 405
+    assert httpx.get(server.url + "/v2/nothing").status_code == 404
