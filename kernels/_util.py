@@ -1,6 +1,7 @@
 """Small helpers the kernel files share: input checks, launch configs, timing."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -27,19 +28,26 @@ def check_dtype(*tensors: torch.Tensor) -> None:
 
 
 def maybe_autotune(configs, key, **autotune_kw):
-    """``triton.autotune`` on a GPU; in the interpreter the first config, without tuning (every
-    config would run the kernel once more, about 1000x slower than compiled)."""
+    """``triton.autotune`` on a GPU. In the interpreter the first config, untuned (tuning runs the
+    kernel once per config, about 1000x slower than compiled there); with the environment variable
+    INFERLAB_KERNEL_AUTOTUNE=0 the second config, untuned (quick GPU tests: one compile per kernel)."""
     import triton
+
+    def fixed(fn, config):
+        class Fixed:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages} if not INTERPRETED else {}
+                    return fn[grid](*args, **{**config.kwargs, **opts, **kw})
+                return launch
+
+        return Fixed()
 
     def wrap(fn):
         if INTERPRETED:
-            first = configs[0].kwargs
-
-            class Fixed:
-                def __getitem__(self, grid):
-                    return lambda *args, **kw: fn[grid](*args, **{**first, **kw})
-
-            return Fixed()
+            return fixed(fn, configs[0])
+        if os.environ.get("INFERLAB_KERNEL_AUTOTUNE", "1") == "0":
+            return fixed(fn, configs[1])
         return triton.autotune(configs=configs, key=key, **autotune_kw)(fn)
 
     return wrap

@@ -40,6 +40,9 @@ def goals(rows: list[dict], bandwidth: float | None) -> list[tuple[str, bool, st
     >= 75% of HBM bandwidth (the best M=1 shape)."""
     fa = [r["ratio"] for r in rows if r["kernel"] == "flash_attention"]
     out = [("flash_attention >= 0.9x SDPA flash", min(fa) >= 0.9, f"worst {min(fa):.2f}x")]
+    errs = {r["kernel"]: max(e["max_err"] for e in rows if e["kernel"] == r["kernel"]) for r in rows}
+    out.append(("every kernel agrees with its baseline (bf16)", max(errs.values()) < 0.05,
+                ", ".join(f"{k} {v:.2g}" for k, v in errs.items())))
     gemv = [r["gbps"] for r in rows if r["kernel"] == "w4a16_matmul" and r["shape"].startswith("M1 ")]
     if bandwidth:
         frac = max(gemv) * 1e9 / bandwidth
@@ -59,12 +62,12 @@ def main(argv=None) -> int:
     name, bandwidth = hbm_bandwidth()
     print(f"device: {name}, torch {torch.__version__}")
     rows = run(args.quick)
-    print(f"{'kernel':<16} {'shape':<34} {'ours':>14} {'baseline':>14} {'ratio':>7}")
+    print(f"{'kernel':<16} {'shape':<34} {'ours':>14} {'baseline':>14} {'ratio':>7} {'max err':>9}")
     for r in rows:
         unit = "gbps" if "gbps" in r and r["kernel"] != "flash_attention" else "tflops"
         label = "GB/s" if unit == "gbps" else "TFLOP/s"
         print(f"{r['kernel']:<16} {r['shape']:<34} {r[unit]:>8.1f} {label:<5} "
-              f"{r['baseline_' + unit]:>8.1f} {label:<5} {r['ratio']:>6.2f}x")
+              f"{r['baseline_' + unit]:>8.1f} {label:<5} {r['ratio']:>6.2f}x {r['max_err']:>9.2g}")
     print("goals:")
     for text, ok, detail in goals(rows, bandwidth):
         print(f"  {'MET ' if ok else 'MISS'} {text}: {detail}")

@@ -31,18 +31,24 @@ def _attn_tile(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, start_n, 
                Tk, shift, qk_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """One K/V tile: scores, the online-softmax update, and the rescaled accumulator."""
     cols = start_n + tl.arange(0, BLOCK_N)
-    k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None], mask=cols[None, :] < Tk, other=0.0)
-    s = tl.dot(q, k) * qk_scale  # [BLOCK_M, BLOCK_N], in log2 units (exp2 is the fast exponential)
-    if MASKED:  # only tiles that cross the end of K or the causal diagonal pay for the mask
+    k_ptrs = k_base + cols[None, :] * stride_kt + offs_d[:, None]
+    v_ptrs = v_base + cols[:, None] * stride_vt + offs_d[None, :]
+    if MASKED:  # only tiles that cross the end of K or the causal diagonal pay for masks
+        k = tl.load(k_ptrs, mask=cols[None, :] < Tk, other=0.0)
+        v = tl.load(v_ptrs, mask=cols[:, None] < Tk, other=0.0)
+        s = tl.dot(q, k) * qk_scale  # [BLOCK_M, BLOCK_N], in log2 units (exp2 is the fast exponential)
         keep = cols[None, :] < Tk
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + shift)
         s = tl.where(keep, s, float("-inf"))
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+        s = tl.dot(q, k) * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))  # the running maximum of each row
     alpha = tl.math.exp2(m_i - m_new)  # how much the old maximum overestimated: rescale by this
     p = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :], mask=cols[:, None] < Tk, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new
 
@@ -148,15 +154,17 @@ def check(device=None, dtype=None) -> float:
 
 
 def bench(seq_lens=(1024, 2048, 4096, 8192), batch=4, heads=32, kv_heads=8, head_dim=128,
-          causal=True, dtype=torch.bfloat16) -> list[dict]:
+          causal=True, dtype=torch.bfloat16, device="cuda") -> list[dict]:
     """TFLOP/s of the kernel and of SDPA's flash backend (same process, same inputs)."""
     rows = []
     for t in seq_lens:
-        q = torch.randn(batch, heads, t, head_dim, device="cuda", dtype=dtype)
-        k, v = (torch.randn(batch, kv_heads, t, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+        q = torch.randn(batch, heads, t, head_dim, device=device, dtype=dtype)
+        k, v = (torch.randn(batch, kv_heads, t, head_dim, device=device, dtype=dtype) for _ in range(2))
         flops = 4 * batch * heads * t * t * head_dim * (0.5 if causal else 1.0)
+        baseline = sdpa_flash(q, k, v, causal)
+        err = (flash_attention(q, k, v, causal).float() - baseline().float()).abs().max().item()
         ours = time_ms(lambda: flash_attention(q, k, v, causal))
-        base = time_ms(sdpa_flash(q, k, v, causal))
-        rows.append({"kernel": "flash_attention", "shape": f"B{batch} H{heads}/{kv_heads} T{t} D{head_dim}",
+        base = time_ms(baseline)
+        rows.append({"kernel": "flash_attention", "shape": f"B{batch} H{heads}/{kv_heads} T{t} D{head_dim}", "max_err": err,
                      "tflops": flops / ours / 1e9, "baseline_tflops": flops / base / 1e9, "ratio": base / ours})
     return rows

@@ -169,16 +169,18 @@ def check(device=None, dtype=None) -> float:
 
 
 def bench(seq_lens=(1024, 4096, 8192), batch=8, heads=32, kv_heads=8, head_dim=128,
-          dtype=torch.bfloat16) -> list[dict]:
+          dtype=torch.bfloat16, device="cuda") -> list[dict]:
     """GB/s of K/V read: the kernel vs SDPA's flash backend on the same single-query batch."""
     rows = []
     for t in seq_lens:
-        q = torch.randn(batch, heads, head_dim, device="cuda", dtype=dtype)
-        k, v = (torch.randn(batch, kv_heads, t, head_dim, device="cuda", dtype=dtype) for _ in range(2))
-        lens = torch.full((batch,), t, device="cuda", dtype=torch.int32)
+        q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
+        k, v = (torch.randn(batch, kv_heads, t, head_dim, device=device, dtype=dtype) for _ in range(2))
+        lens = torch.full((batch,), t, device=device, dtype=torch.int32)
         nbytes = 2 * k.numel() * k.element_size()
+        baseline = sdpa_flash(q[:, :, None], k, v)
+        err = (flash_decoding(q, k, v, lens).float() - baseline()[:, :, 0].float()).abs().max().item()
         ours = time_ms(lambda: flash_decoding(q, k, v, lens))
-        base = time_ms(sdpa_flash(q[:, :, None], k, v))
-        rows.append({"kernel": "flash_decoding", "shape": f"B{batch} H{heads}/{kv_heads} T{t} D{head_dim}",
+        base = time_ms(baseline)
+        rows.append({"kernel": "flash_decoding", "shape": f"B{batch} H{heads}/{kv_heads} T{t} D{head_dim}", "max_err": err,
                      "gbps": nbytes / ours / 1e6, "baseline_gbps": nbytes / base / 1e6, "ratio": base / ours})
     return rows

@@ -139,22 +139,25 @@ def check(device=None, dtype=None) -> float:
 
 
 def bench(seq_lens=(1024, 4096, 8192), batch=8, heads=32, kv_heads=8, head_dim=128, block_size=16,
-          dtype=torch.bfloat16) -> list[dict]:
+          dtype=torch.bfloat16, device="cuda") -> list[dict]:
     """GB/s of K/V read through shuffled block tables, vs SDPA's flash backend on the same K/V
     stored contiguously (the baseline does no gather, so a ratio near 1 means paging is free)."""
     rows = []
     for t in seq_lens:
         nblk = t // block_size
-        q = torch.randn(batch, heads, head_dim, device="cuda", dtype=dtype)
-        k_cache, v_cache = (torch.randn(batch * nblk, block_size, kv_heads, head_dim, device="cuda", dtype=dtype)
+        q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
+        k_cache, v_cache = (torch.randn(batch * nblk, block_size, kv_heads, head_dim, device=device, dtype=dtype)
                             for _ in range(2))
-        tables = torch.randperm(batch * nblk, device="cuda").view(batch, nblk).int()
-        lens = torch.full((batch,), t, device="cuda", dtype=torch.int32)
+        tables = torch.randperm(batch * nblk, device=device).view(batch, nblk).int()
+        lens = torch.full((batch,), t, device=device, dtype=torch.int32)
         k, v = (c[tables.long()].view(batch, t, kv_heads, head_dim).transpose(1, 2).contiguous()
                 for c in (k_cache, v_cache))
         nbytes = 2 * batch * t * kv_heads * head_dim * k_cache.element_size()
+        baseline = sdpa_flash(q[:, :, None], k, v)
+        err = (paged_attention(q, k_cache, v_cache, tables, lens).float() - baseline()[:, :, 0].float()).abs().max().item()
         ours = time_ms(lambda: paged_attention(q, k_cache, v_cache, tables, lens))
-        base = time_ms(sdpa_flash(q[:, :, None], k, v))
+        base = time_ms(baseline)
         rows.append({"kernel": "paged_attention", "shape": f"B{batch} H{heads}/{kv_heads} T{t} D{head_dim} bs{block_size}",
+                     "max_err": err,
                      "gbps": nbytes / ours / 1e6, "baseline_gbps": nbytes / base / 1e6, "ratio": base / ours})
     return rows

@@ -134,17 +134,20 @@ def check(device=None, dtype=None) -> float:
 
 
 def bench(shapes=((1, 8192, 8192), (1, 28672, 8192), (1, 8192, 28672), (16, 28672, 8192), (4096, 8192, 8192)),
-          group_size=128, dtype=torch.bfloat16) -> list[dict]:
+          group_size=128, dtype=torch.bfloat16, device="cuda") -> list[dict]:
     """Matrix-vector: GB/s of packed weights + scales read, and the fraction of HBM bandwidth.
     Baseline: dequantize to bf16, then torch's matmul (what runs without a fused kernel)."""
     rows = []
     for m, n, k in shapes:
-        x = torch.randn(m, k, device="cuda", dtype=dtype)
-        qw, s, z = quantize_int4(torch.randn(n, k, device="cuda"), group_size)
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        qw, s, z = quantize_int4(torch.randn(n, k, device=device), group_size)
         nbytes = qw.numel() + s.numel() * s.element_size() + z.numel() + x.numel() * x.element_size()
+        baseline = lambda: x @ dequantize_int4(qw, s, z, dtype).T  # noqa: E731
+        want = baseline().float()
+        err = ((w4a16_matmul(x, qw, s, z).float() - want).abs().max() / want.abs().max()).item()
         ours = time_ms(lambda: w4a16_matmul(x, qw, s, z))
-        base = time_ms(lambda: x @ dequantize_int4(qw, s, z).to(dtype).T)
-        rows.append({"kernel": "w4a16_matmul", "shape": f"M{m} N{n} K{k} G{group_size}",
+        base = time_ms(baseline)
+        rows.append({"kernel": "w4a16_matmul", "shape": f"M{m} N{n} K{k} G{group_size}", "max_err": err,
                      "gbps": nbytes / ours / 1e6, "tflops": 2 * m * n * k / ours / 1e9,
                      "baseline_gbps": nbytes / base / 1e6, "ratio": base / ours})
     return rows
