@@ -137,6 +137,37 @@ def attention_reference(q, k, v, causal=True, sm_scale=None):
     return (scores.softmax(-1) @ v).to(q.dtype)
 
 
+def online_softmax_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_n: int = 16) -> list[dict]:
+    """The kernel's inner loop for one query, in torch, recording the state after every tile.
+
+    q [D], k/v [T, D]. Each entry: the tile's key range, the running max ``m``, the running sum of
+    exponentials ``l``, the factor ``alpha = exp(m_old - m_new)`` that rescaled what came before,
+    and the output so far ``acc / l`` (the exact answer once the last tile is in).
+    """
+    d = q.shape[-1]
+    m = torch.tensor(float("-inf"), dtype=torch.float32)
+    l = torch.tensor(0.0)
+    acc = torch.zeros(d)
+    steps = []
+    for start in range(0, k.shape[0], block_n):
+        s = (k[start:start + block_n].float() @ q.float()) * d**-0.5  # this tile's scores
+        m_new = torch.maximum(m, s.max())
+        alpha = torch.exp(m - m_new)  # 0 on the first tile (m = -inf)
+        p = torch.exp(s - m_new)
+        l = l * alpha + p.sum()
+        acc = acc * alpha + p @ v[start:start + block_n].float()
+        m = m_new
+        steps.append({"start": start, "stop": start + len(s), "scores": s, "m": m.item(), "l": l.item(),
+                      "alpha": alpha.item(), "out": acc / l})
+    return steps
+
+
+def online_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_n: int = 16) -> torch.Tensor:
+    """softmax(k q / sqrt(D)) @ v for one query q [D] over k/v [T, D], one tile of block_n keys
+    at a time, never holding more than one tile's scores (the algorithm of the kernel, in torch)."""
+    return online_softmax_trace(q, k, v, block_n)[-1]["out"].to(q.dtype)
+
+
 def check(device=None, dtype=None) -> float:
     """Compare with the reference on odd shapes (GQA, causal, ragged tiles); returns the max error."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
