@@ -137,6 +137,23 @@ def attention_reference(q, k, v, causal=True, sm_scale=None):
     return (scores.softmax(-1) @ v).to(q.dtype)
 
 
+def hbm_bytes(seq_len: int, head_dim: int = 128, heads: int = 32, dtype_bytes: int = 2,
+              block_m: int = 128) -> dict:
+    """Bytes moved to and from GPU memory by one layer's attention (one sequence, all heads).
+
+    naive: S = Q K^T written and read back, P = softmax(S) written and read back: 4 T^2 numbers
+    per head on top of reading Q, K, V and writing O (4 T D).
+    tiled: Q read once, O written once, K and V read once per tile of ``block_m`` queries
+    (every tile streams the whole of K and V: no reuse through caches assumed), 2 T D + 2 T D
+    ceil(T / block_m). The score matrix itself never leaves the chip.
+    scores: the memory the naive version needs to hold S for one head.
+    """
+    t, d = seq_len, head_dim
+    naive = heads * (4 * t * d + 4 * t * t) * dtype_bytes
+    tiled = heads * (2 * t * d + 2 * t * d * -(-t // block_m)) * dtype_bytes
+    return {"naive": naive, "tiled": tiled, "ratio": naive / tiled, "scores": t * t * dtype_bytes}
+
+
 def online_softmax_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_n: int = 16) -> list[dict]:
     """The kernel's inner loop for one query, in torch, recording the state after every tile.
 

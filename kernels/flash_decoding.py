@@ -141,6 +141,22 @@ def flash_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: 
     return merge_splits(part_out, part_lse, torch.empty(b, hq, d, dtype=q.dtype, device=q.device))
 
 
+def split_partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_splits: int) -> dict:
+    """What the two kernels compute, for one query q [D] over k/v [T, D], in torch: each split's
+    key range, its log-sum-exp and normalized output, its weight in the merge, and the result."""
+    d, t = q.shape[-1], k.shape[0]
+    size = -(-t // num_splits)
+    parts = []
+    for start in range(0, t, size):
+        s = (k[start:start + size].float() @ q.float()) * d**-0.5
+        parts.append({"start": start, "stop": min(start + size, t), "lse": torch.logsumexp(s, 0).item(),
+                      "out": s.softmax(0) @ v[start:start + size].float()})
+    lse = torch.logsumexp(torch.tensor([p["lse"] for p in parts]), 0).item()
+    for p in parts:
+        p["weight"] = math.exp(p["lse"] - lse)
+    return {"splits": parts, "lse": lse, "out": sum(p["weight"] * p["out"] for p in parts)}
+
+
 def decoding_reference(q, k, v, seq_lens, sm_scale=None):
     """Plain torch: each sequence's query against its first seq_lens[b] keys."""
     b, hq, d = q.shape
