@@ -5,7 +5,6 @@ import argparse
 import json
 import sys
 
-from inferlab.generate import generate_stream
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
 
@@ -33,23 +32,27 @@ def main(argv: list[str]) -> int:
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
     except ValueError as exc:
         parser.error(str(exc))
-    llm = LLM(model=args.model, device=args.device)
-    ids = llm.encode(args.prompt)
-    stats: dict = {}
-    printed = ""
+    llm = LLM(model=args.model, device=args.device, max_num_seqs=1)
+    engine = llm.llm_engine
+    before = dict(engine.counters)
+    engine.add_request("cli", args.prompt, params)
     if not args.json:
         sys.stdout.write(args.prompt)
-    for seqs in generate_stream(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer, stats):
-        seq = seqs[0]
-        text = seq.output_text(llm.tokenizer)
-        if not args.json and text.startswith(printed) and not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
+    while engine.has_unfinished_requests():
+        for out in engine.step():  # streaming: each output carries the new text
+            comp = out.outputs[0]
+            if not args.json:
+                sys.stdout.write(comp.delta_text)
+                sys.stdout.flush()
     if args.json:
-        print(json.dumps({"text": text, "token_ids": seq.output_token_ids,
-                          "prefill_tokens_per_s": round(stats["prefill_tokens_per_s"], 2),
-                          "decode_tokens_per_s": round(stats["decode_tokens_per_s"], 2)}))
+        stats = _rates(before, engine.counters)
+        print(json.dumps({"text": comp.text, "token_ids": comp.token_ids, **stats}))
     else:
-        sys.stdout.write(text[len(printed):] + "\n")
+        sys.stdout.write("\n")
     return 0
+
+
+def _rates(before: dict, after: dict) -> dict:
+    d = {k: after[k] - before[k] for k in ("prefill_s", "decode_s", "prefill_tokens", "decode_tokens")}
+    return {"prefill_tokens_per_s": round(d["prefill_tokens"] / max(d["prefill_s"], 1e-9), 2),
+            "decode_tokens_per_s": round(d["decode_tokens"] / max(d["decode_s"], 1e-9), 2)}

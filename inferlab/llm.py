@@ -1,33 +1,25 @@
-"""The user-facing API, shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+"""The user-facing API, shaped like vLLM's: ``LLM(model=...).generate(prompts, SamplingParams(...))``.
+
+``LLM`` loads the model once and runs every batch through its ``LLMEngine`` (``llm.llm_engine``):
+paged KV cache, continuous batching, prefix caching and chunked prefill are knobs here
+(see ``inferlab.engine.config`` for what each one does and its default).
+"""
 from __future__ import annotations
 
-import dataclasses
+import time
 
 import torch
 
 from inferlab.attention import get_backend
 from inferlab.device import parse_dtype
+from inferlab.engine.config import EngineConfig
+from inferlab.engine.llm_engine import LLMEngine
 from inferlab.errors import InferlabError
-from inferlab.generate import generate
 from inferlab.loader import load_checkpoint
+from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.sampling import SamplingParams
 
-
-@dataclasses.dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclasses.dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
+__all__ = ["LLM", "CompletionOutput", "RequestOutput"]
 
 
 class LLM:
@@ -35,15 +27,28 @@ class LLM:
 
     model: an embedded model name ("target", "draft"), an HF model folder, or a hub id.
     attention_backend: the attention seam ("torch"; more backends register themselves).
+    block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
+    enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
+    gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
     """
 
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
-                 attention_backend: str = "torch"):
+                 attention_backend: str = "torch", block_size: int = 16, num_kv_blocks: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, enable_prefix_caching: bool = False,
+                 enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
+                 gpu_memory_utilization: float = 0.9):
+        config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
+                              enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
+                              gpu_memory_utilization)
+        backend = get_backend(attention_backend)  # check the knobs before loading anything
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or _auto_device()))
-        self.model.set_attention_backend(get_backend(attention_backend))
+        self.model.set_attention_backend(backend)
         self.model_name = str(model)
+        self.llm_engine = LLMEngine(self.model, self.tokenizer, config)
         self.last_stats: dict = {}
+        self._ids = 0
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -57,6 +62,7 @@ class LLM:
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt, all at once through the engine; outputs in prompt order."""
         if prompts is None and prompt_token_ids is None:
             raise InferlabError("give prompts (strings) or prompt_token_ids")
         if isinstance(prompts, str):
@@ -71,14 +77,40 @@ class LLM:
             sampling_params = [sampling_params] * n
         if len(sampling_params) != n:
             raise InferlabError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
-        self.last_stats = {}
-        seqs = generate(self.model, prompt_token_ids, list(sampling_params), self.eos_token_ids,
-                        self.tokenizer, stats=self.last_stats)
-        return [self._output(i, t, s) for i, (t, s) in enumerate(zip(texts, seqs))]
+        engine = self.llm_engine
+        before = dict(engine.counters)
+        ids = []
+        for ids_, sp in zip(prompt_token_ids, sampling_params):
+            rid = f"generate-{self._ids}"
+            self._ids += 1
+            engine.add_request(rid, list(ids_), sp, stream=False)
+            ids.append(rid)
+        finals: dict[str, RequestOutput] = {}
+        t0 = time.perf_counter()
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+        except BaseException:
+            for rid in ids:
+                engine.abort_request(rid)
+            raise
+        self.last_stats = _stats(before, engine.counters, time.perf_counter() - t0, n)
+        results = []
+        for rid, text in zip(ids, texts):
+            out = finals[rid]
+            out.request_id, out.prompt = str(len(results)), text
+            results.append(out)
+        return results
 
-    def _output(self, i: int, prompt: str | None, seq) -> RequestOutput:
-        comp = CompletionOutput(0, seq.output_text(self.tokenizer), list(seq.output_token_ids), seq.finish_reason)
-        return RequestOutput(str(i), prompt, list(seq.prompt_token_ids), [comp])
+
+def _stats(before: dict, after: dict, seconds: float, batch: int) -> dict:
+    d = {k: after[k] - before[k] for k in before}
+    return {"prefill_s": d["prefill_s"], "decode_s": d["decode_s"], "prefill_tokens": d["prefill_tokens"],
+            "decode_steps": d["num_steps"], "batch_size": batch, "total_s": seconds,
+            "prefill_tokens_per_s": d["prefill_tokens"] / max(d["prefill_s"], 1e-9),
+            "decode_tokens_per_s": d["decode_tokens"] / max(d["decode_s"], 1e-9)}
 
 
 def _auto_device():

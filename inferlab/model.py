@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.attention import AttentionBackend, AttentionMetadata, TorchSDPABackend, attention_mask
+from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttentionMetadata, TorchSDPABackend,
+                                attention_mask)
 from inferlab.config import ModelConfig
 from inferlab.linear import LinearFactory, default_linear
 from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -103,7 +104,12 @@ class DecoderStack(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """``model(input_ids)`` -> logits [B, T, V]. With ``metadata`` it reads and writes a KV cache."""
+    """``model(input_ids)`` -> logits [B, T, V]. With ``metadata`` it reads and writes a KV cache.
+
+    A ragged batch (``PagedAttentionMetadata``) is passed as input_ids [1, N]: the new tokens of
+    every sequence side by side; ``logits_indices`` picks the rows whose logits are wanted (each
+    sequence's last token), so the lm_head runs on those rows only.
+    """
 
     def __init__(self, config: ModelConfig, linear_factory: LinearFactory = default_linear):
         super().__init__()
@@ -120,20 +126,24 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.backend = backend
 
-    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata | None = None,
-                last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata | PagedAttentionMetadata | None = None,
+                last_only: bool = False, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         if metadata is None:
             b, t = input_ids.shape
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
             metadata = AttentionMetadata(positions=positions)
-        if metadata.attn_mask is None:  # built once here, shared by every layer
+        if isinstance(metadata, PagedAttentionMetadata):
+            metadata.build_masks(self.config.sliding_window)  # once per forward, shared by every layer
+        elif metadata.attn_mask is None:  # built once here, shared by every layer
             metadata.attn_mask = attention_mask(input_ids.shape[1], metadata.cache_start, metadata.key_mask,
                                                 self.config.sliding_window, input_ids.device)
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, metadata.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, metadata)
-        if last_only:
+        if logits_indices is not None:
+            x = x[:, logits_indices]
+        elif last_only:
             x = x[:, -1:]
         return self.lm_head(self.model.norm(x)).float()
 

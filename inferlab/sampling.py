@@ -21,6 +21,7 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    n: int = 1  # completions per prompt (parallel sampling: the engine forks them, copy-on-write)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -33,6 +34,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 

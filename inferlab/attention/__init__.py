@@ -5,9 +5,10 @@ attention is computed* (torch SDPA, a Triton kernel). The model only calls
 ``backend.forward(layer_idx, q, k, v, metadata)``; swapping the backend switches the technique.
 """
 from inferlab.attention.base import AttentionBackend, AttentionMetadata, attention_mask
+from inferlab.attention.paged import PagedAttentionMetadata
 from inferlab.attention.torch_sdpa import TorchSDPABackend
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "attention_mask", "TorchSDPABackend", "get_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "PagedAttentionMetadata", "attention_mask", "TorchSDPABackend", "get_backend"]
 
 _BACKENDS = {"torch": TorchSDPABackend}
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.attention.base import AttentionBackend, AttentionMetadata
+from inferlab.attention.paged import PagedAttentionMetadata, paged_attention_forward
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -26,7 +27,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class TorchSDPABackend(AttentionBackend):
-    def forward(self, layer_idx, q, k, v, metadata: AttentionMetadata):
+    """torch attention over either cache: the contiguous one (``AttentionMetadata``) or the paged
+    one (``PagedAttentionMetadata``, a ragged batch; see ``inferlab.attention.paged``)."""
+
+    def forward(self, layer_idx, q, k, v, metadata: AttentionMetadata | PagedAttentionMetadata):
+        if isinstance(metadata, PagedAttentionMetadata):
+            return paged_attention_forward(layer_idx, q, k, v, metadata)
         cache = metadata.kv_cache
         if cache is not None:
             k, v = cache.update(layer_idx, k, v, metadata.cache_start)

@@ -1,0 +1,132 @@
+"""Attention over a ragged batch and a paged KV cache (vLLM's metadata names).
+
+A *ragged batch* runs the new tokens of B sequences in one forward without padding: their
+token ids are flattened into one row of N tokens (the model sees batch 1 x N). Sequence i
+contributes ``query_lens[i]`` new tokens, the *last* ``query_lens[i]`` of its
+``context_lens[i]`` tokens (the rest are already in the cache). Prefill of a prompt, a chunk of
+a long prompt and a decode step (one token) are all the same thing with different lengths.
+
+    input_ids     [N]        the new tokens, sequence after sequence
+    positions     [N]        each token's position in its own sequence (drives RoPE)
+    cu_seqlens_q  [B + 1]    where each sequence's new tokens start in the N rows
+    cu_seqlens_k  [B + 1]    the same for context lengths (FlashAttention varlen's convention)
+    slot_mapping  [N]        the cache slot each new token's K/V is written to
+    block_tables  [B, max_blocks] and context_lens [B]: where to read each sequence's K/V
+
+The runner orders the batch decodes first: the first ``num_decodes`` sequences have one query
+each and take the grouped-matmul fast path together; the others (prefills, chunks) run one
+SDPA call each with the causal bottom-right mask of :func:`attention_mask` (and Mistral's window).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from inferlab.attention.base import attention_mask
+
+
+@dataclasses.dataclass
+class PagedAttentionMetadata:
+    positions: torch.Tensor  # [1, N]
+    kv_cache: object  # a PagedKVCache
+    slot_mapping: torch.Tensor  # [N]
+    block_tables: torch.Tensor  # [B, max_blocks] (padded with 0: masked by context_lens)
+    context_lens: torch.Tensor  # [B]
+    cu_seqlens_q: torch.Tensor  # [B + 1]
+    cu_seqlens_k: torch.Tensor  # [B + 1]
+    query_lens: list[int]  # host copies of the lengths, for the per-sequence loop
+    context_lens_host: list[int]
+    num_decodes: int = 0
+    masks_built: bool = False
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
+    prefill_masks: list = dataclasses.field(default_factory=list)  # one per non-decode sequence
+
+    @property
+    def max_seqlen_q(self) -> int:
+        return max(self.query_lens)
+
+    @property
+    def max_seqlen_k(self) -> int:
+        return max(self.context_lens_host)
+
+    def build_masks(self, sliding_window: int | None = None) -> None:
+        """Masks shared by every layer, built once per forward (the model calls this).
+
+        Decodes read S = their longest context; a sequence with a shorter context (or a window
+        that bites) gets an additive bias of -inf on the slots it must not see. A lone decode
+        without a window needs none: the single-stream path stays as lean as the contiguous one.
+        """
+        if self.masks_built:
+            return
+        self.masks_built = True
+        d, device = self.num_decodes, self.context_lens.device
+        if d:
+            ctx_host = self.context_lens_host[:d]
+            s = max(ctx_host)
+            window_bites = sliding_window is not None and s > sliding_window
+            if window_bites or min(ctx_host) < s:
+                ctx = self.context_lens[:d, None]
+                slots = torch.arange(s, device=device)[None]
+                visible = slots < ctx
+                if window_bites:
+                    visible &= slots > ctx - 1 - sliding_window
+                bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
+                self.decode_mask = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+        self.prefill_masks = [attention_mask(q, c - q, None, sliding_window, device)
+                              for q, c in zip(self.query_lens[d:], self.context_lens_host[d:])]
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, max_context: int, bias=None) -> torch.Tensor:
+    """One query per sequence, K/V read through the block tables.
+
+    q [B, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, nb];
+    the first ``max_context`` slots are read; bias [B, 1, 1, max_context] (0 or -inf) or None.
+    Returns [B, Hq, D]. The query heads that share a K/V head are multiplied together (GQA),
+    as in ``torch_sdpa.decode_attention``.
+    """
+    b, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    nb = -(-max_context // k_cache.shape[1])
+    table = block_tables[:, :nb]
+    k = k_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)
+    qg = q.view(b, hkv, hq // hkv, d)
+    scores = (qg @ k.transpose(-1, -2)) * d**-0.5  # [B, Hkv, G, S]
+    if bias is not None:
+        scores += bias
+    return (scores.softmax(-1) @ v).reshape(b, hq, d)
+
+
+def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,
+                            decode_fn=paged_decode) -> torch.Tensor:
+    """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D]."""
+    cache = meta.kv_cache
+    k_rows, v_rows = k[0].transpose(0, 1), v[0].transpose(0, 1)  # [N, Hkv, D]
+    cache.write(layer_idx, k_rows, v_rows, meta.slot_mapping)
+    kc, vc = cache.k[layer_idx], cache.v[layer_idx]
+    d = meta.num_decodes
+    parts = []
+    if d:
+        qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
+        out = decode_fn(qd, kc, vc, meta.block_tables[:d], max(meta.context_lens_host[:d]), meta.decode_mask)
+        parts.append(out.transpose(0, 1)[None])
+    gqa = q.shape[1] != k.shape[1]
+    start = d
+    for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):
+        qi = q[:, :, start:start + q_len]
+        if ctx == q_len:  # nothing cached before: use this call's K/V directly
+            ki, vi = k[:, :, start:start + q_len], v[:, :, start:start + q_len]
+        else:
+            nb = -(-ctx // cache.block_size)
+            ki, vi = cache.gather(layer_idx, meta.block_tables[d + i, :nb], ctx)
+            ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]
+        mask = meta.prefill_masks[i]
+        if mask is None:  # a plain causal prompt (or a single query that sees everything)
+            out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=q_len > 1, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=gqa)
+        parts.append(out)
+        start += q_len
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

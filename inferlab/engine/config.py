@@ -1,0 +1,79 @@
+"""The engine's knobs (vLLM's names), checked once with a one-line error each, and their defaults.
+
+    block_size              tokens per KV block (a power of two; 16 as in vLLM)
+    num_kv_blocks           size of the KV pool. Default: enough blocks for ``max_num_seqs``
+                            sequences of ``max_model_len`` tokens, capped by memory: on CUDA by
+                            ``gpu_memory_utilization`` of the device's memory (minus what is
+                            already allocated), on CPU by CPU_KV_CACHE_BYTES (1 GiB)
+    max_num_seqs            sequences in one step (64)
+    max_num_batched_tokens  token budget of one step. Default: max(max_model_len, 2048) without
+                            chunked prefill (a whole prompt must fit); 512 with it
+    max_model_len           longest sequence (prompt + output); default: the model's context
+    enable_prefix_caching   reuse the KV blocks of a prompt prefix seen before
+    enable_chunked_prefill  split long prompts into chunks that share steps with decodes
+    scheduler_policy        "continuous" (iteration-level) or "static"
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from inferlab.cache.paged import PagedKVCache
+
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool = False
+    scheduler_policy: str = "continuous"
+    gpu_memory_utilization: float = 0.9
+
+    def resolve(self, model_config, dtype, device) -> "EngineConfig":
+        """Check every knob and fill in the defaults for this model; returns a new config."""
+        c = dataclasses.replace(self)
+        bs = c.block_size
+        if not isinstance(bs, int) or bs < 1 or bs & (bs - 1):
+            raise ValueError(f"block_size must be a power of two >= 1 (e.g. 16), got {bs!r}")
+        if c.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
+        from inferlab.engine.policy import POLICIES
+
+        if c.scheduler_policy not in POLICIES:
+            raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
+        if not 0 < c.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        context = model_config.max_position_embeddings
+        c.max_model_len = c.max_model_len or context
+        if not 1 < c.max_model_len <= context:
+            raise ValueError(f"max_model_len must be in 2..{context} (the model's context), got {c.max_model_len}")
+        if c.max_num_batched_tokens is None:
+            c.max_num_batched_tokens = 512 if c.enable_chunked_prefill else max(c.max_model_len, 2048)
+        if c.max_num_batched_tokens < c.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({c.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({c.max_num_seqs}): every running sequence needs a token per step")
+        if not c.enable_chunked_prefill and c.max_num_batched_tokens < c.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({c.max_num_batched_tokens}) is smaller than max_model_len "
+                             f"({c.max_model_len}): raise it or set enable_chunked_prefill=True")
+        per_block = PagedKVCache.bytes_per_block(model_config, bs, dtype)
+        if c.num_kv_blocks is None:
+            want = -(-c.max_model_len // bs) * c.max_num_seqs
+            c.num_kv_blocks = max(1, min(want, _kv_memory_budget(device, c.gpu_memory_utilization) // per_block))
+        elif not isinstance(c.num_kv_blocks, int) or c.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be an integer >= 1, got {c.num_kv_blocks!r}")
+        return c
+
+
+def _kv_memory_budget(device, utilization: float) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_KV_CACHE_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(0, int(total * utilization) - torch.cuda.memory_allocated(device))

@@ -1,0 +1,218 @@
+"""``LLMEngine``: requests in, one scheduler step at a time, outputs out (vLLM's LLMEngine).
+
+    add_request(id, prompt, params) -> waiting queue
+    step():  scheduler picks sequences and token counts  (scheduler.py, policy.py)
+             model runner runs one ragged forward          (model_runner.py, attention/paged.py)
+             sampler draws a token for every sequence whose tokens are all computed
+             finished sequences free their KV blocks       (block_manager.py)
+             -> the RequestOutputs of this step (with text deltas, for streaming)
+
+``LLM.generate``, the CLI and the benchmarks all run on this loop; ``inferlab.generate`` keeps the
+contiguous-cache path as the simple reference it is compared with.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from inferlab.cache.paged import PagedKVCache
+from inferlab.engine.block_manager import BlockManager
+from inferlab.engine.config import EngineConfig
+from inferlab.engine.model_runner import ModelRunner, SeqInput
+from inferlab.engine.request import EngineSequence, Request, RequestMetrics
+from inferlab.engine.scheduler import Scheduler
+from inferlab.outputs import CompletionOutput, RequestOutput
+from inferlab.sampling import SamplingParams, make_generator, sample
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer=None, config: EngineConfig | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = (config or EngineConfig()).resolve(model.config, model.dtype, model.device)
+        c = self.config
+        self.block_manager = BlockManager(c.num_kv_blocks, c.block_size, c.enable_prefix_caching)
+        self.kv_cache = PagedKVCache.for_model(model.config, c.num_kv_blocks, c.block_size, model.dtype, model.device)
+        self.runner = ModelRunner(model, self.kv_cache)
+        self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
+                                   c.enable_chunked_prefill, c.scheduler_policy)
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generation_tokens": 0,
+                         "num_finished_requests": 0, "prefill_s": 0.0, "decode_s": 0.0,
+                         "prefill_tokens": 0, "decode_tokens": 0}
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    arrival_time: float | None = None, stream: bool = True) -> None:
+        """Queue a request. ``stream=False`` (vLLM's FINAL_ONLY): ``step`` reports it once, finished."""
+        params = sampling_params or SamplingParams()
+        request_id = str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use: give each request its own id")
+        text = prompt if isinstance(prompt, str) else None
+        if text is not None:
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer.json: pass the prompt as a list of token ids")
+            ids = self.tokenizer.encode(text)
+        else:
+            ids = [int(t) for t in prompt]
+        c = self.config
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        if len(ids) >= c.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {c.max_model_len}")
+        if params.n > c.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={c.max_num_seqs}: raise max_num_seqs or lower n")
+        room = c.max_model_len - len(ids)
+        if params.max_tokens > room:  # as the contiguous path does: stop at the context's end
+            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+        pool = c.num_kv_blocks * c.block_size
+        if len(ids) + params.max_tokens > pool:
+            raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the whole KV "
+                             f"pool of {pool} slots (num_kv_blocks x block_size): raise num_kv_blocks or lower max_tokens")
+        seq = self._new_seq(request_id, ids, params, 0)
+        seq.num_pending_forks = params.n - 1
+        metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
+        self.requests[request_id] = Request(request_id, text, ids, params, [seq], metrics, stream=stream)
+        self.scheduler.add(seq)
+
+    def _new_seq(self, request_id, ids, params, index) -> EngineSequence:
+        seed = None if params.seed is None else params.seed + index  # vLLM: child i uses seed + i
+        return EngineSequence(next(self._seq_ids), ids, params, request_id=request_id, index=index,
+                              generator=make_generator(seed, self.model.device))
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now: its sequences leave the queues and free their KV blocks."""
+        req = self.requests.pop(str(request_id), None)
+        if req is None:
+            return
+        req.aborted = True
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq._finish("abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            if self.scheduler.running or self.scheduler.waiting:
+                raise RuntimeError("the scheduler could not schedule anything: the KV pool or the token "
+                                   "budget is too small for the waiting requests")
+            return []
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        inputs = []
+        for s in out.scheduled:
+            seq, c = s.seq, s.seq.num_computed_tokens
+            inputs.append(SeqInput(seq.token_ids(c, c + s.num_new_tokens), c,
+                                   self.block_manager.block_table(seq.seq_id)))
+            m = self.requests[seq.request_id].metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = now
+        logits = self.runner.execute(inputs, out.copies)
+        rows, ready = [], []
+        for j, s in enumerate(out.scheduled):
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            if seq.num_computed_tokens == seq.num_tokens:  # its last token computed: sample the next
+                rows.append(j)
+                ready.append(seq)
+        touched = {}
+        if ready:
+            sel = logits if len(rows) == len(out.scheduled) else logits[rows]
+            tokens = sample(sel, [s.params for s in ready], [s.generator for s in ready]).tolist()
+            now = time.monotonic()
+            for row, seq, tok in zip(rows, ready, tokens):
+                if seq.num_pending_forks:
+                    self._fork(seq, logits[row], now, touched)
+                self._append(seq, tok, now, touched)
+        self._account(out, time.perf_counter() - t0)
+        return [self._output(req) for req in touched.values() if req.stream or req.finished]
+
+    def _append(self, seq: EngineSequence, token: int, now: float, touched: dict) -> None:
+        seq.append_token(token, self.eos_token_ids, self.tokenizer)
+        req = self.requests[seq.request_id]
+        m = req.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        self.counters["num_generation_tokens"] += 1
+        if seq.is_finished:
+            self.scheduler.finish(seq)
+            if req.finished:
+                m.finished_time = now
+                self.counters["num_finished_requests"] += 1
+        touched[req.request_id] = req
+
+    def _fork(self, parent: EngineSequence, logits: torch.Tensor, now: float, touched: dict) -> None:
+        """Parallel sampling: the n - 1 siblings share the prompt's blocks and draw their own first token."""
+        req = self.requests[parent.request_id]
+        for _ in range(parent.num_pending_forks):
+            child = self._new_seq(req.request_id, req.prompt_token_ids, req.params, len(req.seqs))
+            child.num_computed_tokens = parent.num_computed_tokens
+            req.seqs.append(child)
+            self.scheduler.fork(parent, child)
+            tok = sample(logits[None], [child.params], [child.generator]).item()
+            self._append(child, tok, now, touched)
+        parent.num_pending_forks = 0
+
+    def _account(self, out, seconds: float) -> None:
+        c = self.counters
+        c["num_steps"] += 1
+        prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
+        c["num_prompt_tokens"] += prefill
+        if prefill:
+            c["prefill_s"] += seconds
+            c["prefill_tokens"] += prefill
+        else:
+            c["decode_s"] += seconds
+            c["decode_tokens"] += len(out.scheduled)
+
+    # ---- outputs and statistics ---------------------------------------------------------------
+    def _output(self, req: Request) -> RequestOutput:
+        comps = [self._completion(seq) for seq in sorted(req.seqs, key=lambda s: s.index)]
+        if req.finished:
+            self.requests.pop(req.request_id, None)
+        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps, req.finished, req.metrics)
+
+    def _completion(self, seq: EngineSequence) -> CompletionOutput:
+        text = seq.output_text(self.tokenizer)
+        stable = text
+        if not seq.is_finished:  # hold back what may still change: a half character, a stop string's start
+            stable = text.rstrip("\ufffd")
+            hold = max((len(s) for s in seq.params.stop), default=1) - 1
+            stable = stable[:len(stable) - hold] if hold else stable
+        delta = stable[len(seq.sent_text):] if stable.startswith(seq.sent_text) else ""
+        if delta:
+            seq.sent_text += delta
+        ids = seq.output_token_ids
+        new_ids = ids[seq.sent_tokens:]
+        seq.sent_tokens = len(ids)
+        return CompletionOutput(seq.index, text, list(ids), seq.finish_reason, delta, new_ids)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    def kv_cache_stats(self) -> dict:
+        s = self.block_manager.stats()
+        s.update(block_size=self.config.block_size, usage=s["used_blocks"] / s["total_blocks"],
+                 kv_cache_bytes=self.kv_cache.nbytes, num_running=self.num_running,
+                 num_waiting=self.num_waiting, num_preemptions=self.num_preemptions)
+        return s

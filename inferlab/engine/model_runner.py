@@ -1,0 +1,96 @@
+"""The model runner: one forward pass over a ragged batch (nano-vllm's ModelRunner).
+
+The scheduler says, for each sequence, how many of its tokens to compute now. The runner turns
+that into the flat layout of ``inferlab.attention.paged`` (input_ids, positions, slot_mapping,
+block_tables, context lengths), runs the model once over every sequence's new tokens, and returns
+the logits of each sequence's last new token (or of every new token, for speculative
+verification). Decodes (one new token) go first so attention can batch them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from inferlab.attention.paged import PagedAttentionMetadata
+from inferlab.cache.paged import PagedKVCache
+
+
+@dataclasses.dataclass
+class SeqInput:
+    """One sequence's share of a step: its new tokens, how many tokens precede them in the cache,
+    and its block table (covering at least num_computed + len(token_ids) slots)."""
+
+    token_ids: list[int]
+    num_computed: int
+    block_table: list[int]
+
+
+class ModelRunner:
+    def __init__(self, model, kv_cache: PagedKVCache):
+        self.model, self.kv_cache = model, kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = model.device
+
+    def prepare(self, seqs: list[SeqInput]):
+        """Metadata for ``seqs`` in decode-first order; returns (input_ids, metadata, last_rows, order).
+
+        All the int vectors travel to the device as one tensor (one copy, then views): on a
+        small model a step is short enough for eight separate host-to-device tensors to show.
+        """
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)  # stable: decodes first
+        bs = self.block_size
+        ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
+        for i in order:
+            s = seqs[i]
+            start, q = s.num_computed, len(s.token_ids)
+            end = start + q
+            if q < 1:
+                raise ValueError("every scheduled sequence needs at least one new token")
+            if end > len(s.block_table) * bs:
+                raise ValueError(f"block table of {len(s.block_table)} blocks cannot hold {end} tokens")
+            ids += s.token_ids
+            positions += range(start, end)
+            table = s.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            tables.append(table)
+            q_lens.append(q)
+            ctx_lens.append(end)
+        width = max(len(t) for t in tables)
+        tables = [t + [0] * (width - len(t)) for t in tables]  # padding: masked by context_lens
+        cu_q, cu_k = [0], [0]
+        for q, c in zip(q_lens, ctx_lens):
+            cu_q.append(cu_q[-1] + q)
+            cu_k.append(cu_k[-1] + c)
+        last = [cu_q[j + 1] - 1 for j in range(len(seqs))]  # each sequence's last new token
+        inverse = [0] * len(seqs)
+        for j, i in enumerate(order):
+            inverse[i] = j
+        last = [last[inverse[i]] for i in range(len(seqs))]  # back in the caller's order
+        n, b = len(ids), len(seqs)
+        flat = torch.tensor(ids + positions + slots + ctx_lens + cu_q + cu_k + last, device=self.device)
+        parts = flat.split([n, n, n, b, b + 1, b + 1, b])
+        meta = PagedAttentionMetadata(
+            positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
+            block_tables=torch.tensor(tables, device=self.device), context_lens=parts[3],
+            cu_seqlens_q=parts[4], cu_seqlens_k=parts[5], query_lens=q_lens, context_lens_host=ctx_lens,
+            num_decodes=sum(1 for q in q_lens if q == 1))
+        return parts[0][None], meta, parts[6], order
+
+    @torch.inference_mode()
+    def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),
+                all_logits: bool = False):
+        """Run one forward. Returns logits [B, V] of each sequence's last new token, in the order
+        of ``seqs``; with ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
+        self.kv_cache.copy_blocks(list(copies))  # copy-on-write before anyone writes
+        input_ids, meta, last, order = self.prepare(seqs)
+        if all_logits:
+            logits = self.model(input_ids, meta)[0]
+            cu = [0]
+            for q in meta.query_lens:
+                cu.append(cu[-1] + q)
+            rows = [None] * len(seqs)
+            for j, i in enumerate(order):
+                rows[i] = logits[cu[j]:cu[j + 1]]
+            return rows
+        return self.model(input_ids, meta, logits_indices=last)[0]

@@ -1,0 +1,78 @@
+"""What the engine keeps per request and per sequence (vLLM's Request / SequenceGroup).
+
+A request is one ``add_request`` call: a prompt and its ``SamplingParams``. With ``n > 1`` it
+owns ``n`` sequences that share the prompt's KV blocks: the first one prefills the prompt, the
+others are forked from it (copy-on-write) once the prompt's logits exist.
+
+The engine's state of a sequence is one number beyond its tokens: ``num_computed_tokens``, how
+many of its tokens already have K/V in the cache. Each step computes some of the rest: all of a
+prompt, a chunk of it, or the one token sampled last (decode). When the step reaches the last
+token, its logits give the next token. A preempted sequence drops its blocks and goes back to 0:
+its prompt *and* its output so far are recomputed as if they were one prompt (vLLM's recompute).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from inferlab.sampling import SamplingParams
+from inferlab.sequence import Sequence
+
+
+@dataclasses.dataclass(eq=False)
+class EngineSequence(Sequence):
+    request_id: str = ""
+    index: int = 0                   # which of the request's n completions
+    num_computed_tokens: int = 0     # tokens whose K/V are in the cache
+    num_pending_forks: int = 0       # children still to fork from this sequence after its prefill
+    generator: torch.Generator | None = None
+    sent_text: str = ""              # text already handed out in a streaming delta
+    sent_tokens: int = 0
+    __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
+    __hash__ = object.__hash__
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the two lists."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+
+@dataclasses.dataclass
+class RequestMetrics:
+    """Times (``time.monotonic()``) for TTFT and TPOT (vLLM's RequestMetrics)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[EngineSequence]
+    metrics: RequestMetrics = dataclasses.field(default_factory=lambda: RequestMetrics(time.monotonic()))
+    aborted: bool = False
+    stream: bool = True  # False: only the final output is reported
+
+    @property
+    def finished(self) -> bool:
+        return self.aborted or (len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs))

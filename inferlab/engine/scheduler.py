@@ -1,0 +1,136 @@
+"""The scheduler: which sequences run in the next forward, and how many tokens each.
+
+Iteration-level scheduling (Orca, Yu et al. OSDI'22; vLLM): the batch is re-formed at *every*
+step. A request that finishes leaves at once and a waiting one takes its place, instead of
+the whole batch waiting for its longest member (static batching). Each step has a *token
+budget* (``max_num_batched_tokens``) and a cap on sequences (``max_num_seqs``):
+
+* running sequences go first, oldest first: a decode costs 1 token; a prompt being prefilled in
+  chunks (``enable_chunked_prefill``) costs the next chunk (Sarathi-Serve, Agrawal et al. 2024);
+* then waiting sequences are admitted, first come first served, while budget, sequence slots
+  and KV blocks last;
+* when the KV pool runs dry, the newest running sequence is *preempted*: its blocks are freed and
+  it goes back to the front of the waiting queue, to be recomputed later (vLLM's recompute).
+
+The policy (``policy.py``) writes the step with the primitives below: ``num_new_tokens``,
+``grow`` (blocks for more tokens), ``preempt`` and ``admit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+
+from inferlab.engine.block_manager import BlockManager, NoFreeBlocksError
+from inferlab.engine.request import EngineSequence
+from inferlab.sequence import SequenceStatus
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    seq: EngineSequence
+    num_new_tokens: int
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = dataclasses.field(default_factory=list)
+    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # copy-on-write (src, dst)
+    preempted: list[EngineSequence] = dataclasses.field(default_factory=list)
+
+    def add(self, seq: EngineSequence, num_new_tokens: int) -> None:
+        self.scheduled.append(ScheduledSeq(seq, num_new_tokens))
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool = False, policy: str = "continuous"):
+        from inferlab.engine.policy import get_policy
+
+        self.block_manager = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = get_policy(policy)
+        self.waiting: deque[EngineSequence] = deque()
+        self.running: list[EngineSequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: EngineSequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        return self.policy.schedule(self)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- primitives the policies are written with -------------------------------------------
+    def num_new_tokens(self, seq: EngineSequence, budget: int) -> int:
+        """Tokens ``seq`` would compute now under ``budget``: all that remain, or a chunk (0: wait)."""
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        if self.enable_chunked_prefill:
+            return min(remaining, budget)
+        return remaining if remaining <= budget else 0
+
+    def grow(self, seq: EngineSequence, end: int, out: SchedulerOutput) -> bool:
+        """Extend ``seq``'s block table to cover its first ``end`` tokens. False when the pool ran
+        dry (the slots obtained so far are kept); copy-on-write pairs go to ``out.copies``."""
+        bm, sid = self.block_manager, seq.seq_id
+        have = bm.num_tokens(sid)
+        try:
+            for token in seq.token_ids(have, end):
+                out.copies += bm.append_slot(sid, token)
+        except NoFreeBlocksError:
+            return False
+        return True
+
+    def preempt(self, seq: EngineSequence, out: SchedulerOutput) -> None:
+        """Free ``seq``'s blocks and put it at the front of the waiting queue (recompute later)."""
+        table = set(self.block_manager.block_table(seq.seq_id))
+        out.copies = [(s, d) for s, d in out.copies if d not in table]
+        self.block_manager.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def admit(self, seq: EngineSequence, budget: int, out: SchedulerOutput) -> int:
+        """Move the waiting ``seq`` to running and schedule its first tokens; returns how many
+        (0: it does not fit now, nothing changed). Prefix-cache hits are not computed again."""
+        if len(self.running) + 1 + seq.num_pending_forks > self.max_num_seqs:
+            return 0
+        first = self.num_new_tokens(seq, budget)
+        if first == 0 or not self.block_manager.can_allocate(first):
+            return 0
+        try:  # allocate only what this step computes: a full block's hash is registered at once
+            cached = self.block_manager.allocate(seq.seq_id, seq.token_ids(0, first))
+        except NoFreeBlocksError:
+            return 0
+        seq.num_computed_tokens = cached
+        self.grow(seq, min(seq.num_tokens, cached + budget), out)  # cache hits leave budget for more
+        k = self.block_manager.num_tokens(seq.seq_id) - cached
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SequenceStatus.RUNNING
+        out.add(seq, k)
+        return k
+
+    # ---- the engine's calls after a step ------------------------------------------------------
+    def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def finish(self, seq: EngineSequence) -> None:
+        """A finished or aborted sequence leaves its queue and returns its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.block_manager.free(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
