@@ -77,29 +77,30 @@ def store_partials(PartOut, PartLse, acc, l_i, m_i, rows, split, row_ok, offs_d,
 
 
 @triton.jit
-def _merge_splits_kernel(PartOut, PartLse, Out, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                         HEAD_DIM: tl.constexpr):
-    """Second pass: merge the partials of one (sequence, query head) row, weighted by exp(lse)."""
-    row = tl.program_id(0)
+def _merge_splits_kernel(PartOut, PartLse, Out, rows, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Second pass: merge the partials of BLOCK_R (sequence, query head) rows, weighted by exp(lse)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
-    lse = tl.load(PartLse + row * NUM_SPLITS + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.math.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # empty splits weigh 0
-    part = tl.load(PartOut + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                   mask=offs_s[:, None] < NUM_SPLITS, other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(part * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(Out + row * HEAD_DIM + offs_d, out.to(Out.dtype.element_ty))
+    ok = (r[:, None] < rows) & (offs_s[None, :] < NUM_SPLITS)  # [BLOCK_R, BLOCK_S]
+    lse = tl.load(PartLse + r[:, None] * NUM_SPLITS + offs_s[None, :], mask=ok, other=float("-inf"))
+    m = tl.max(lse, 1)
+    w = tl.math.exp2(lse - tl.where(m == float("-inf"), 0.0, m)[:, None])  # empty splits weigh 0
+    part = tl.load(PartOut + ((r[:, None] * NUM_SPLITS + offs_s[None, :]) * HEAD_DIM)[:, :, None] + offs_d[None, None, :],
+                   mask=ok[:, :, None], other=0.0)  # [BLOCK_R, BLOCK_S, HEAD_DIM]
+    total = tl.sum(w, 1)
+    out = tl.sum(part * w[:, :, None], 1) / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(Out + r[:, None] * HEAD_DIM + offs_d[None, :], out.to(Out.dtype.element_ty), mask=r[:, None] < rows)
 
 
 def default_num_splits(batch: int, kv_heads: int, max_len: int, device) -> int:
     """Enough programs to fill the GPU (two per multiprocessor), never chunks under 256 keys; on
-    the CPU a few splits, to show the mechanism."""
+    the CPU (the interpreter runs programs one after another) a single split."""
     if torch.device(device).type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         return max(1, min(triton.cdiv(2 * sms, batch * kv_heads), triton.cdiv(max_len, 256)))
-    return max(1, min(4, triton.cdiv(max_len, BLOCK_N)))
+    return 1
 
 
 def split_size_for(max_len: int, num_splits: int) -> int:
@@ -107,9 +108,14 @@ def split_size_for(max_len: int, num_splits: int) -> int:
 
 
 def merge_splits(part_out, part_lse, out):
+    """Merge [rows, num_splits, D] partials into ``out`` (rows = B * Hq). One split needs no merge.
+    The interpreter pays per program, so there one program merges every row."""
     rows, num_splits, d = part_out.shape
-    _merge_splits_kernel[(rows,)](part_out, part_lse, out, NUM_SPLITS=num_splits,
-                                  BLOCK_S=max(2, next_pow2(num_splits)), HEAD_DIM=d)
+    if num_splits == 1:
+        return out.copy_(part_out.view(out.shape))
+    block_r = min(64, next_pow2(rows)) if INTERPRETED else 4
+    _merge_splits_kernel[(triton.cdiv(rows, block_r),)](part_out, part_lse, out, rows, NUM_SPLITS=num_splits,
+                                                        BLOCK_S=max(2, next_pow2(num_splits)), HEAD_DIM=d, BLOCK_R=block_r)
     return out
 
 
