@@ -57,3 +57,18 @@ def test_bad_layouts_are_clear_errors():
         w4a16_matmul(x, qw.int(), s, z)
     with pytest.raises(ValueError, match=r"scales and zeros must be \[N=8"):
         w4a16_matmul(x, qw, s[:, :1], z)
+
+
+def test_agrees_with_the_quantization_package():
+    """The INT4 layout has two readers: the quantization package's torch code and this kernel."""
+    quant = pytest.importorskip("inferlab.quant.int4")
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(48, 128, generator=g)
+    qweight, scales, zeros = quant.quantize_int4(w, group_size=32)
+    ours = dequantize_int4(qweight, scales, zeros, torch.float32)
+    torch.testing.assert_close(ours, quant.dequantize_int4(qweight, scales, zeros, 32), rtol=0, atol=0)
+    x = torch.randn(3, 128, generator=g).to(DEVICE)
+    x = x if DEVICE == "cpu" else x.half()
+    got = w4a16_matmul(x, qweight.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE)).float()
+    want = x.float() @ ours.to(DEVICE).T
+    assert ((got - want).abs().max() / want.abs().max()).item() < (1e-5 if DEVICE == "cpu" else 1e-2)
