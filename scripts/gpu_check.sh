@@ -3,7 +3,8 @@
 # the engine on CUDA with the Triton backend, then `python -m inferlab.kernels.bench` (TFLOP/s or
 # GB/s per kernel and the ratio to torch's baseline). Needs only the machine's own python with
 # torch, triton, pytest, hypothesis, transformers: no package registry.
-#   bash scripts/gpu_check.sh            # results under $OUT (default runs/gpu_check)
+#   bash scripts/gpu_check.sh            # logs and bench.json under $OUT (default runs/gpu_check)
+# Copy $OUT/bench.json to kernels/gpu_results.json to show the numbers in notebook 03 and the book.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -45,8 +46,8 @@ import torch, triton, inferlab.kernels as k
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
 assert not k.INTERPRETED, 'TRITON_INTERPRET is set: the kernels would run on the CPU'
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), 'kernels at', k.__file__)"
-# one compile per kernel (no autotuning) for the many small test shapes
-step kernel_tests 240 env INFERLAB_KERNEL_AUTOTUNE=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels \
+# one compile per kernel (no autotuning) for the many small test shapes; fp32 dots exact, not TF32
+step kernel_tests 240 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels \
   -k "not engine" --junitxml="$OUT/kernel_tests.xml"
 # fp32 dots exact (not TF32) so greedy tokens compare kernels, not precisions
 step engine_cuda 150 env TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine

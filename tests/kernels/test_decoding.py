@@ -120,12 +120,13 @@ def test_bad_tables_are_clear_errors():
 
 
 def test_bench_code_runs_on_tiny_shapes():
-    """The GPU benchmarks' code paths (baselines, error columns, goals), on tiny CPU shapes."""
+    """The GPU benchmarks' code paths (baselines, error columns, goals), on tiny shapes."""
     from inferlab.kernels import bench, flash_attention, paged_attention, w4a16_matmul
-    kw = dict(batch=1, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, device=DEVICE)
+    dtype = torch.float32 if DEVICE == "cpu" else torch.float16  # SDPA's flash backend has no fp32 on GPUs
+    kw = dict(batch=1, heads=4, kv_heads=2, head_dim=16, dtype=dtype, device=DEVICE)
     rows = flash_attention.bench(seq_lens=(40,), **kw) + paged_attention.bench(seq_lens=(32,), block_size=16, **kw)
-    rows += w4a16_matmul.bench(shapes=((1, 64, 128),), group_size=32, dtype=torch.float32, device=DEVICE)
+    rows += w4a16_matmul.bench(shapes=((1, 64, 128),), group_size=32, dtype=dtype, device=DEVICE)
     assert [r["kernel"] for r in rows] == ["flash_attention", "paged_attention", "w4a16_matmul"]
-    assert all(r["ratio"] > 0 and r["max_err"] < 1e-4 for r in rows)
+    assert all(r["ratio"] > 0 and r["max_err"] < (1e-4 if dtype == torch.float32 else 2e-2) for r in rows)
     names = [g[0] for g in bench.goals(rows, 4.8e12)]
     assert names[0].startswith("flash_attention") and names[-1].startswith("w4a16")
