@@ -69,12 +69,14 @@ def main(argv=None) -> int:
         print(f"{r['kernel']:<16} {r['shape']:<34} {r[unit]:>8.1f} {label:<5} "
               f"{r['baseline_' + unit]:>8.1f} {label:<5} {r['ratio']:>6.2f}x {r['max_err']:>9.2g}")
     print("goals:")
-    for text, ok, detail in goals(rows, bandwidth):
+    met = goals(rows, bandwidth)
+    for text, ok, detail in met:
         print(f"  {'MET ' if ok else 'MISS'} {text}: {detail}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "rows": rows, "goals": goals(rows, bandwidth)}, f, indent=1)
-    return 0
+            json.dump({"device": name, "torch": torch.__version__, "rows": rows, "goals": met}, f, indent=1)
+    agree = next(ok for text, ok, _ in met if text.startswith("every kernel agrees"))
+    return 0 if agree else 1  # a speed goal missed is a finding; a wrong answer is a failure
 
 
 if __name__ == "__main__":
