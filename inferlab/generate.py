@@ -1,5 +1,9 @@
 """Generation with a contiguous KV cache: one prefill, then one decode step per token.
 
+This is the simple reference path the lessons compare against; ``LLM`` and the CLI run on the
+engine (``inferlab.engine``: paged KV cache, ragged batches, continuous batching), and the tests
+check that it produces these tokens exactly.
+
     prefill:  the whole prompt in one forward pass (matrix-matrix: compute-bound); it fills the
               cache with every prompt token's K and V and yields the first new token.
     decode:   one token per forward pass (matrix-vector: every weight is read from memory to

@@ -40,6 +40,7 @@ class PagedAttentionMetadata:
     context_lens_host: list[int]
     num_decodes: int = 0
     masks_built: bool = False
+    decode_slots: torch.Tensor | None = None  # [num_decodes, S] cache slot of every context token
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
     prefill_masks: list = dataclasses.field(default_factory=list)  # one per non-decode sequence
 
@@ -52,11 +53,12 @@ class PagedAttentionMetadata:
         return max(self.context_lens_host)
 
     def build_masks(self, sliding_window: int | None = None) -> None:
-        """Masks shared by every layer, built once per forward (the model calls this).
+        """What every layer shares, built once per forward (the model calls this).
 
-        Decodes read S = their longest context; a sequence with a shorter context (or a window
-        that bites) gets an additive bias of -inf on the slots it must not see. A lone decode
-        without a window needs none: the single-stream path stays as lean as the contiguous one.
+        Decodes read S = their longest context: ``decode_slots`` [B, S] is the cache slot of each
+        context token (through the block table), and a sequence with a shorter context (or a
+        window that bites) gets an additive bias of -inf on the slots it must not see. A lone
+        decode without a window needs none: the single-stream path stays lean.
         """
         if self.masks_built:
             return
@@ -65,35 +67,34 @@ class PagedAttentionMetadata:
         if d:
             ctx_host = self.context_lens_host[:d]
             s = max(ctx_host)
+            bs = self.kv_cache.block_size
+            pos = torch.arange(s, device=device)
+            self.decode_slots = self.block_tables[:d, pos // bs] * bs + pos % bs
             window_bites = sliding_window is not None and s > sliding_window
             if window_bites or min(ctx_host) < s:
                 ctx = self.context_lens[:d, None]
-                slots = torch.arange(s, device=device)[None]
-                visible = slots < ctx
+                visible = pos[None] < ctx
                 if window_bites:
-                    visible &= slots > ctx - 1 - sliding_window
+                    visible &= pos[None] > ctx - 1 - sliding_window
                 bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
                 self.decode_mask = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
         self.prefill_masks = [attention_mask(q, c - q, None, sliding_window, device)
                               for q, c in zip(self.query_lens[d:], self.context_lens_host[d:])]
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, max_context: int, bias=None) -> torch.Tensor:
+def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
     """One query per sequence, K/V read through the block tables.
 
-    q [B, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, nb];
-    the first ``max_context`` slots are read; bias [B, 1, 1, max_context] (0 or -inf) or None.
-    Returns [B, Hq, D]. The query heads that share a K/V head are multiplied together (GQA),
-    as in ``torch_sdpa.decode_attention``.
+    q [B, Hq, D]; k_slots/v_slots: one layer's cache seen as [num_blocks * block_size, Hkv, D];
+    decode_slots [B, S]: the slot of each context token (``block_table[p // bs] * bs + p % bs``);
+    bias [B, 1, 1, S] (0 or -inf) or None. Returns [B, Hq, D]. The query heads that share a K/V
+    head are multiplied together (GQA), as in ``torch_sdpa.decode_attention``.
     """
     b, hq, d = q.shape
-    hkv = k_cache.shape[2]
-    nb = -(-max_context // k_cache.shape[1])
-    table = block_tables[:, :nb]
-    k = k_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)  # [B, Hkv, S, D]
-    v = v_cache[table].flatten(1, 2)[:, :max_context].transpose(1, 2)
-    qg = q.view(b, hkv, hq // hkv, d)
-    scores = (qg @ k.transpose(-1, -2)) * d**-0.5  # [B, Hkv, G, S]
+    hkv = k_slots.shape[1]
+    k = k_slots[decode_slots].transpose(1, 2)  # [B, Hkv, S, D]
+    v = v_slots[decode_slots].transpose(1, 2)
+    scores = (q.view(b, hkv, hq // hkv, d) @ k.transpose(-1, -2)) * d**-0.5  # [B, Hkv, G, S]
     if bias is not None:
         scores += bias
     return (scores.softmax(-1) @ v).reshape(b, hq, d)
@@ -103,14 +104,11 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
                             decode_fn=paged_decode) -> torch.Tensor:
     """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D]."""
     cache = meta.kv_cache
-    k_rows, v_rows = k[0].transpose(0, 1), v[0].transpose(0, 1)  # [N, Hkv, D]
-    cache.write(layer_idx, k_rows, v_rows, meta.slot_mapping)
-    kc, vc = cache.k[layer_idx], cache.v[layer_idx]
+    k_slots, v_slots = cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
     d = meta.num_decodes
     parts = []
     if d:
-        qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
-        out = decode_fn(qd, kc, vc, meta.block_tables[:d], max(meta.context_lens_host[:d]), meta.decode_mask)
+        out = decode_fn(q[0, :, :d].transpose(0, 1), k_slots, v_slots, meta.decode_slots, meta.decode_mask)
         parts.append(out.transpose(0, 1)[None])
     gqa = q.shape[1] != k.shape[1]
     start = d

@@ -52,16 +52,16 @@ class TritonBackend(TorchSDPABackend):
     def _paged(self, layer_idx, q, k, v, meta: PagedAttentionMetadata):
         """q [1, Hq, N, D], k/v [1, Hkv, N, D]: the new tokens of every sequence, decodes first."""
         cache = meta.kv_cache
-        cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
-        kc, vc = cache.k[layer_idx], cache.v[layer_idx]
+        k_slots, v_slots = cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
         d = meta.num_decodes
         parts = []
         if d:
             qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
             if _decode_window_bites(meta):
-                out = paged_decode(qd, kc, vc, meta.block_tables[:d], max(meta.context_lens_host[:d]), meta.decode_mask)
-            else:
-                out = self.paged_attention(qd, kc, vc, meta.block_tables[:d], meta.context_lens[:d])
+                out = paged_decode(qd, k_slots, v_slots, meta.decode_slots, meta.decode_mask)
+            else:  # the kernel reads the blocks in place: [num_blocks, block_size, Hkv, D]
+                out = self.paged_attention(qd, cache.k[layer_idx], cache.v[layer_idx], meta.block_tables[:d],
+                                           meta.context_lens[:d])
             parts.append(out.transpose(0, 1)[None])
         start = d
         for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):

@@ -10,6 +10,8 @@ import sys
 
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
+    "kv": ("inferlab.bench.kv", "KV-cache memory wasted: contiguous vs paged, prefix sharing"),
+    "serve": ("inferlab.bench.serve", "offline throughput: continuous vs static batching, same workload"),
 }
 
 

@@ -1,8 +1,9 @@
 """Single-stream greedy decode: inferlab against transformers ``generate`` on one checkpoint.
 
-Both run the same prompt for the same number of new tokens (EOS ignored), after a warm-up,
-alternating, best of ``--repeats``. Reported: new tokens per second of the whole generate call
-(prefill included) and their ratio.
+All run the same prompt for the same number of new tokens (EOS ignored), after a warm-up,
+alternating, best of ``--repeats``: inferlab's engine (``LLM.generate``: scheduler, paged KV
+cache), its contiguous-cache reference path (``inferlab.generate``) and transformers. Reported:
+new tokens per second of the whole generate call (prefill included) and the ratios.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.generate import generate
 from inferlab.llm import LLM
 from inferlab.loader import resolve_model_path
 from inferlab.sampling import SamplingParams
@@ -49,15 +51,21 @@ def run(model: str = "target", new_tokens: int = 128, repeats: int = 3, device: 
                               do_sample=False, pad_token_id=pad)
         assert out.shape[1] - hf_ids.shape[1] == new_tokens
 
-    ours(), theirs()  # warm-up
-    t_ours, t_hf = float("inf"), float("inf")
+    def contiguous():
+        seq = generate(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer)[0]
+        assert len(seq.output_token_ids) == new_tokens
+
+    ours(), theirs(), contiguous()  # warm-up
+    t_ours, t_hf, t_ref = float("inf"), float("inf"), float("inf")
     for _ in range(repeats):
         t_ours = min(t_ours, _timed(ours))
         t_hf = min(t_hf, _timed(theirs))
+        t_ref = min(t_ref, _timed(contiguous))
     return {"model": str(model), "params": llm.model.num_parameters(), "device": str(llm.model.device),
             "dtype": str(llm.model.dtype).removeprefix("torch."), "prompt_tokens": len(ids),
             "new_tokens": new_tokens, "inferlab_tokens_per_s": new_tokens / t_ours,
-            "hf_tokens_per_s": new_tokens / t_hf, "ratio": t_hf / t_ours}
+            "hf_tokens_per_s": new_tokens / t_hf, "ratio": t_hf / t_ours,
+            "contiguous_tokens_per_s": new_tokens / t_ref, "engine_vs_contiguous": t_ref / t_ours}
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +86,7 @@ def main(argv: list[str]) -> int:
               f"{r['new_tokens']} new tokens, greedy, batch 1")
         print(f"{'engine':<14}{'tokens/s':>10}")
         print(f"{'inferlab':<14}{r['inferlab_tokens_per_s']:>10.1f}")
+        print(f"{'contiguous':<14}{r['contiguous_tokens_per_s']:>10.1f}  (inferlab's reference path)")
         print(f"{'transformers':<14}{r['hf_tokens_per_s']:>10.1f}")
-        print(f"ratio {r['ratio']:.2f}x")
+        print(f"ratio {r['ratio']:.2f}x vs transformers, {r['engine_vs_contiguous']:.2f}x vs the contiguous path")
     return 0

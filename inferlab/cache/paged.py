@@ -26,6 +26,9 @@ class PagedKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
+        # the same memory seen slot by slot, per layer: [num_blocks * block_size, Hkv, D]
+        self.k_slots = [self.k[i].view(-1, num_kv_heads, head_dim) for i in range(num_layers)]
+        self.v_slots = [self.v[i].view(-1, num_kv_heads, head_dim) for i in range(num_layers)]
 
     @classmethod
     def for_model(cls, config, num_blocks: int, block_size: int, dtype, device) -> "PagedKVCache":
@@ -38,11 +41,13 @@ class PagedKVCache:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * elem
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store the K/V rows of N new tokens (k, v: [N, Hkv, D]) at their slots ([N] int)."""
-        kc, vc = self.k[layer], self.v[layer]
-        kc.view(-1, *kc.shape[2:]).index_copy_(0, slot_mapping, k)
-        vc.view(-1, *vc.shape[2:]).index_copy_(0, slot_mapping, v)
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor):
+        """Store the K/V rows of N new tokens (k, v: [N, Hkv, D]) at their slots ([N] int);
+        return the layer's K and V seen slot by slot ([num_blocks * block_size, Hkv, D] each)."""
+        k_slots, v_slots = self.k_slots[layer], self.v_slots[layer]
+        k_slots.index_copy_(0, slot_mapping, k)
+        v_slots.index_copy_(0, slot_mapping, v)
+        return k_slots, v_slots
 
     def gather(self, layer: int, block_table: torch.Tensor, length: int):
         """One sequence's first ``length`` K and V rows, each [length, Hkv, D], read through its table."""

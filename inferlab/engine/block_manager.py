@@ -1,10 +1,9 @@
 """The KV-cache block allocator of PagedAttention (Kwon et al., SOSP'23), with prefix caching.
 
-A contiguous KV cache reserves ``max_model_len`` slots per sequence up front; most of them stay
-empty, because nobody knows how long an answer will be. PagedAttention cuts the cache into
-fixed-size **blocks** of ``block_size`` token slots, like pages of virtual memory: a sequence owns a
-*block table* (its list of physical block ids) and gets a new block only when its last one is full,
-so at most one partly filled block per sequence is wasted.
+A contiguous KV cache reserves ``max_model_len`` slots per sequence up front, mostly left empty.
+PagedAttention cuts the cache into **blocks** of ``block_size`` slots, like pages of virtual memory:
+a sequence owns a *block table* (its physical block ids) and gets a new block only when its last
+one is full, so at most one partly filled block per sequence is wasted.
 
 This module only keeps the books (which block belongs to whom); the K/V tensors live in the paged
 cache (``inferlab/cache/paged.py``, per layer ``[num_blocks, block_size, num_kv_heads, head_dim]``).
@@ -85,7 +84,7 @@ class BlockManager:
         return self._blocks_for(num_tokens) <= self.num_free_blocks
 
     def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return -(-num_tokens // self.block_size)   # ceil
 
     def _take_free_block(self) -> Block:
         """A block nobody holds: an empty one if any, else evict the least recently used cached one."""
@@ -232,10 +231,6 @@ class BlockManager:
             raise IndexError(f"position {position} is outside sequence {seq_id} ({self.num_tokens(seq_id)} tokens)")
         return self._tables[seq_id][position // self.block_size] * self.block_size + position % self.block_size
 
-    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]:
-        """Physical slots of positions start..end-1 (the tokens one step writes)."""
-        return [self.slot(seq_id, p) for p in range(start, end)]
-
     @property
     def seq_ids(self) -> list[int]:
         return list(self._tables)
@@ -248,24 +243,18 @@ class BlockManager:
         return block_id in self._evictable
 
     def stats(self) -> dict:
-        used = sum(1 for b in self.blocks if b.ref_count > 0)
-        return {
-            "total_blocks": self.num_blocks,
-            "free_blocks": self.num_free_blocks,
-            "used_blocks": used,
-            "cached_blocks": len(self._evictable),
-            "shared_blocks": sum(1 for b in self.blocks if b.ref_count > 1),
-            "prefix_queries": self.prefix_queries,
-            "prefix_hits": self.prefix_hits,
-            "prefix_hit_rate": self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0,
-        }
+        """Pool occupancy and prefix-cache hits (counted in full blocks looked up)."""
+        return {"total_blocks": self.num_blocks, "free_blocks": self.num_free_blocks,
+                "used_blocks": sum(1 for b in self.blocks if b.ref_count > 0),
+                "cached_blocks": len(self._evictable),
+                "shared_blocks": sum(1 for b in self.blocks if b.ref_count > 1),
+                "prefix_queries": self.prefix_queries, "prefix_hits": self.prefix_hits,
+                "prefix_hit_rate": self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0}
 
     def snapshot(self) -> dict:
         """A plain-data picture of the pool (for the allocator view and its tests)."""
-        return {
-            "block_size": self.block_size,
-            "blocks": [{"id": b.block_id, "ref_count": b.ref_count, "cached": b.block_id in self._evictable,
-                        "num_tokens": len(b.token_ids)} for b in self.blocks],
-            "tables": {s: list(t) for s, t in self._tables.items()},
-            "num_tokens": {s: len(t) for s, t in self._tokens.items()},
-        }
+        return {"block_size": self.block_size,
+                "blocks": [{"id": b.block_id, "ref_count": b.ref_count, "cached": b.block_id in self._evictable,
+                            "num_tokens": len(b.token_ids)} for b in self.blocks],
+                "tables": {s: list(t) for s, t in self._tables.items()},
+                "num_tokens": {s: len(t) for s, t in self._tokens.items()}}

@@ -103,7 +103,8 @@ class Scheduler:
     def admit(self, seq: EngineSequence, budget: int, out: SchedulerOutput) -> int:
         """Move the waiting ``seq`` to running and schedule its first tokens; returns how many
         (0: it does not fit now, nothing changed). Prefix-cache hits are not computed again."""
-        if len(self.running) + 1 + seq.num_pending_forks > self.max_num_seqs:
+        reserved = len(self.running) + sum(s.num_pending_forks for s in self.running)  # n > 1 siblings to come
+        if reserved + 1 + seq.num_pending_forks > self.max_num_seqs:
             return 0
         first = self.num_new_tokens(seq, budget)
         if first == 0 or not self.block_manager.can_allocate(first):

@@ -6,6 +6,7 @@
     viz.show(fig)                       # a plotly figure: interactive in JupyterLab, static in the book
     viz.roofline_calculator()           # sliders + a live FigureWidget
 """
+from inferlab.viz.kv_blocks import block_pool, pool_figure, record_trace
 from inferlab.viz.diagrams import Diagram, flowchart, mermaid, mermaid_text
 from inferlab.viz.figures import PLOTLY_JS_PATH, Live, StaticFigure, figure_html, show
 from inferlab.viz.notebook import demo_model, progress, seed_everything, tiny_random_model

@@ -121,3 +121,14 @@ def test_the_policy_seam_takes_a_new_policy(tiny):
         assert max(len(s) for s in steps) == 1 and len(steps) == 9
     finally:
         del policy.POLICIES["one"]
+
+
+def test_forks_to_come_hold_their_sequence_slots(tiny):
+    engine = make_engine(tiny, max_num_seqs=4)
+    peak = []
+    for i in range(4):
+        engine.add_request(str(i), [5, 6, 7 + i], SamplingParams(temperature=1.0, seed=i, max_tokens=4, n=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+        peak.append(engine.num_running)
+    assert max(peak) == 4
