@@ -50,7 +50,7 @@ print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_d
 step kernel_tests 240 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels \
   -k "not engine" --junitxml="$OUT/kernel_tests.xml"
 # fp32 dots exact (not TF32) so greedy tokens compare kernels, not precisions
-step engine_cuda 150 env TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine
+step engine_cuda 150 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine
 step bench 300 "$PY" -m inferlab.kernels.bench --json "$OUT/bench.json"
 
 echo
