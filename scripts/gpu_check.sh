@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, under 8 minutes on one H200: the kernel tests compiled for the GPU (fp16, bf16),
+# The GPU check, under 8 minutes on one H200 (the step limits add up to 480 s): the kernel tests compiled for the GPU (fp16, bf16),
 # the engine on CUDA with the Triton backend, then `python -m inferlab.kernels.bench` (TFLOP/s or
 # GB/s per kernel and the ratio to torch's baseline). Needs only the machine's own python with
 # torch, triton, pytest, hypothesis, transformers: no package registry.
@@ -41,17 +41,17 @@ PYEOF
 export PYTHONPATH="$SHIM:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "no NVIDIA GPU"; exit 2; }
-step environment 60 "$PY" -c "
+step environment 40 "$PY" -c "
 import torch, triton, inferlab.kernels as k
 assert torch.cuda.is_available(), 'torch sees no CUDA device'
 assert not k.INTERPRETED, 'TRITON_INTERPRET is set: the kernels would run on the CPU'
 print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), 'kernels at', k.__file__)"
 # one compile per kernel (no autotuning) for the many small test shapes; fp32 dots exact, not TF32
-step kernel_tests 240 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels \
+step kernel_tests 150 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels \
   -k "not engine" --junitxml="$OUT/kernel_tests.xml"
 # fp32 dots exact (not TF32) so greedy tokens compare kernels, not precisions
-step engine_cuda 150 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine
-step bench 300 "$PY" -m inferlab.kernels.bench --json "$OUT/bench.json"
+step engine_cuda 90 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine
+step bench 200 "$PY" -m inferlab.kernels.bench --json "$OUT/bench.json"
 
 echo
 echo "================ GPU check summary ================"
