@@ -7,10 +7,11 @@ attention is computed* (torch SDPA, a Triton kernel). The model only calls
 from inferlab.attention.base import AttentionBackend, AttentionMetadata, attention_mask
 from inferlab.attention.paged import PagedAttentionMetadata
 from inferlab.attention.torch_sdpa import TorchSDPABackend
+from inferlab.attention.triton import TritonBackend
 
 __all__ = ["AttentionBackend", "AttentionMetadata", "PagedAttentionMetadata", "attention_mask", "TorchSDPABackend", "get_backend"]
 
-_BACKENDS = {"torch": TorchSDPABackend}
+_BACKENDS = {"torch": TorchSDPABackend, "triton": TritonBackend}
 
 
 def register_backend(name: str, cls: type[AttentionBackend]) -> None:

@@ -1,0 +1,94 @@
+"""The Triton backend: the kernels of ``kernels/`` behind the attention seam.
+
+``LLM(model=..., attention_backend="triton")``. Same caches and metadata as the torch backend,
+different kernels:
+
+- a ragged batch over the paged cache (``PagedAttentionMetadata``): K/V are written through
+  ``slot_mapping`` as before; the decodes of the step run as *one* ``paged_attention`` launch
+  (Flash-Decoding over the block tables); each prompt or prompt chunk runs ``flash_attention``,
+  causal bottom-right, over its own K/V (a fresh prompt) or its K/V gathered through its block
+  table (a chunk after cached tokens, a prefix-cache hit);
+- the contiguous cache (``AttentionMetadata``): ``flash_attention`` for a causal prompt,
+  ``flash_decoding`` for one query per sequence.
+
+Where these kernels do not apply (a Mistral sliding window that hides early keys, left padding
+in the contiguous path) that call runs the torch backend's code instead. On a CPU the kernels
+run through Triton's interpreter: exact, and about a thousand times slower than compiled.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferlab.attention.base import AttentionMetadata
+from inferlab.attention.paged import PagedAttentionMetadata, paged_decode
+from inferlab.attention.torch_sdpa import TorchSDPABackend, decode_attention
+
+
+def _decode_window_bites(meta: PagedAttentionMetadata) -> bool:
+    """True when a sliding window hides some decode's first key (slot 0 is otherwise always
+    visible), read once per forward and kept on the metadata every layer shares."""
+    if not hasattr(meta, "_triton_decode_window"):
+        bias = meta.decode_mask
+        meta._triton_decode_window = bias is not None and bool((bias[:, 0, 0, 0] == float("-inf")).any())
+    return meta._triton_decode_window
+
+
+class TritonBackend(TorchSDPABackend):
+    def __init__(self):
+        # imported here, not at module load: the kernels package picks Triton's interpreter on a
+        # machine without CUDA, and only a user of this backend should pay for importing triton
+        from inferlab.kernels.flash_attention import flash_attention
+        from inferlab.kernels.flash_decoding import flash_decoding
+        from inferlab.kernels.paged_attention import paged_attention
+
+        self.flash_attention, self.flash_decoding, self.paged_attention = flash_attention, flash_decoding, paged_attention
+
+    def forward(self, layer_idx, q, k, v, metadata: AttentionMetadata | PagedAttentionMetadata):
+        if isinstance(metadata, PagedAttentionMetadata):
+            return self._paged(layer_idx, q, k, v, metadata)
+        return self._contiguous(layer_idx, q, k, v, metadata)
+
+    def _paged(self, layer_idx, q, k, v, meta: PagedAttentionMetadata):
+        """q [1, Hq, N, D], k/v [1, Hkv, N, D]: the new tokens of every sequence, decodes first."""
+        cache = meta.kv_cache
+        k_slots, v_slots = cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
+        d = meta.num_decodes
+        parts = []
+        if d:
+            qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
+            if _decode_window_bites(meta):
+                out = paged_decode(qd, k_slots, v_slots, meta.decode_slots, meta.decode_mask)
+            else:  # the kernel reads the blocks in place: [num_blocks, block_size, Hkv, D]
+                out = self.paged_attention(qd, cache.k[layer_idx], cache.v[layer_idx], meta.block_tables[:d],
+                                           meta.context_lens[:d])
+            parts.append(out.transpose(0, 1)[None])
+        start = d
+        for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):
+            qi = q[:, :, start:start + q_len]
+            if ctx == q_len:  # nothing cached before: this call's own K/V
+                ki, vi = k[:, :, start:start + q_len], v[:, :, start:start + q_len]
+            else:
+                nb = -(-ctx // cache.block_size)
+                ki, vi = cache.gather(layer_idx, meta.block_tables[d + i, :nb], ctx)
+                ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]
+            mask = meta.prefill_masks[i]
+            if mask is not None and not bool(mask[0, 0, -1, 0]):  # a sliding window hides early keys
+                out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=qi.shape[1] != ki.shape[1])
+            else:  # causal, the q_len queries being the last of ctx keys: exactly the kernel's mask
+                out = self.flash_attention(qi, ki, vi, causal=True)
+            parts.append(out)
+            start += q_len
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+    def _contiguous(self, layer_idx, q, k, v, meta: AttentionMetadata):
+        if meta.kv_cache is not None:
+            k, v = meta.kv_cache.update(layer_idx, k, v, meta.cache_start)
+        if meta.attn_mask is not None:  # left padding or a window: the torch code handles any mask
+            if q.shape[2] == 1:
+                return decode_attention(q, k, v, meta.attn_mask)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=meta.attn_mask, enable_gqa=q.shape[1] != k.shape[1])
+        if q.shape[2] == 1:  # one query per sequence that sees every cached key
+            lens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+            return self.flash_decoding(q[:, :, 0], k, v, lens)[:, :, None]
+        return self.flash_attention(q, k, v, causal=True)
