@@ -35,12 +35,19 @@ class LLM:
 
     model: an embedded model name ("target", "draft"), an HF model folder, or a hub id.
     attention_backend: the attention seam ("torch"; more backends register themselves).
+    quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
+        "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
+        already quantized and needs no argument.
     """
 
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
-                 attention_backend: str = "torch"):
+                 attention_backend: str = "torch", quantization: str | None = None):
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or _auto_device()))
+        if quantization is not None:
+            from inferlab.quant import quantize_model
+            self.quantization_config = quantize_model(self.model, quantization, tokenizer=self.tokenizer,
+                                                      progress=False)
         self.model.set_attention_backend(get_backend(attention_backend))
         self.model_name = str(model)
         self.last_stats: dict = {}

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
+from inferlab.linear import default_linear
 from inferlab.model import CausalLM
 from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
@@ -100,8 +101,9 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
     config = load_config(folder)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
+    qcfg = _quantization_config(folder)
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = CausalLM(config, _linear_factory(qcfg))
     expected = set(model.state_dict())
     if config.tie_word_embeddings:
         expected.discard("lm_head.weight")
@@ -114,6 +116,9 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
                 if key == "lm_head.weight" and config.tie_word_embeddings:
                     continue
                 tensors[key] = f.get_tensor(key)
+    if qcfg is not None:  # hub GPTQ/AWQ layouts -> the quantized modules' buffers
+        from inferlab.quant.checkpoint import convert_checkpoint
+        tensors = convert_checkpoint(qcfg, tensors)
     missing, unexpected = sorted(expected - tensors.keys()), sorted(tensors.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
@@ -124,7 +129,9 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
         if tuple(t.shape) != tuple(shapes[key].shape):
             raise CheckpointError(f"{folder}: weight {key} has shape {tuple(t.shape)}, "
                                   f"the config implies {tuple(shapes[key].shape)}")
-    model.load_state_dict({k: t.to(dtype) for k, t in tensors.items()}, strict=False, assign=True)
+    params = {k for k, _ in model.named_parameters()}  # packed buffers (codes, scales) keep their dtype
+    model.load_state_dict({k: t.to(dtype if k in params else shapes[k].dtype) for k, t in tensors.items()},
+                          strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # buffers built on the meta device are recomputed from the config
@@ -134,6 +141,22 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
     return model, tokenizer
+
+
+def _quantization_config(folder: Path) -> dict | None:
+    """config.json's quantization_config, checked (None for an unquantized folder)."""
+    raw = json.loads((folder / "config.json").read_text())
+    if "quantization_config" not in raw and not (folder / "quantize_config.json").exists():
+        return None
+    from inferlab.quant.checkpoint import read_quantization_config
+    return read_quantization_config(folder)
+
+
+def _linear_factory(qcfg: dict | None):
+    if qcfg is None:
+        return default_linear
+    from inferlab.quant.checkpoint import linear_factory
+    return linear_factory(qcfg)
 
 
 def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,
