@@ -100,7 +100,11 @@ def quantized_state_dict(model, qcfg: dict, float_dtype=torch.float16) -> dict[s
         if prefix in quant and method in ("gptq", "awq") and not key.endswith(".bias"):
             continue
         packed = prefix in quant and not key.endswith(".bias")  # codes and scales keep their dtype
-        state[key] = t if packed or not t.is_floating_point() else t.to(float_dtype)
+        if packed or not t.is_floating_point():
+            state[key] = t
+        else:  # fp16 as hub checkpoints are, unless that would round (e.g. AWQ's rescaled norms)
+            low = t.to(float_dtype)
+            state[key] = low if torch.equal(low.to(t.dtype), t) else t
     if method in ("gptq", "awq"):
         for name, mod in quant.items():
             parts = hub.to_gptq(mod, bool(qcfg.get("sym"))) if method == "gptq" else hub.to_awq(mod)

@@ -92,7 +92,7 @@ def _gptq(model, tokens, bits, group_size, act_order, sym, progress) -> None:
             setattr(layer.get_submodule(parent), child, new)
 
 
-def _awq(model, tokens, bits, group_size, progress, max_rows: int = 4096) -> None:
+def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_rows: int = 512) -> None:
     group_size_of = (lambda lin: group_size or lin.in_features)
     for i in _progress(range(len(model.model.layers)), progress, f"AWQ {bits}-bit"):
         layer = model.model.layers[i]
@@ -125,7 +125,7 @@ def _awq(model, tokens, bits, group_size, progress, max_rows: int = 4096) -> Non
         for name, lin in linears.items():
             if name.endswith(("q_proj", "k_proj")):  # AutoAWQ leaves q/k unclipped (attention scores are sensitive)
                 continue
-            lin.weight.copy_(awq.search_clip(lin.weight, x[name], bits, group_size_of(lin)))
+            lin.weight.copy_(awq.search_clip(lin.weight, x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows], bits, group_size_of(lin)))
     replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_size_of(lin), bits))
 
 
