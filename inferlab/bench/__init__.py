@@ -10,6 +10,7 @@ import sys
 
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
+    "quant": ("inferlab.bench.quant", "every quantization method: bytes, perplexity, decode speed"),
 }
 
 
