@@ -61,7 +61,10 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
 
 def write_gguf(model, tokenizer, out: str | os.PathLike, method: str) -> Path:
     """Write ``model`` (its linears GGMLLinear of type ``method``) to ``out``/model.gguf; returns the file."""
-    import gguf
+    try:
+        import gguf
+    except ImportError:
+        raise InferlabError("writing .gguf needs llama.cpp's gguf package: pip install gguf") from None
     cfg = model.config
     if cfg.model_type not in ("llama", "mistral"):
         raise InferlabError(f"GGUF export writes Llama-architecture models, not {cfg.model_type}")

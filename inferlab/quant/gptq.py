@@ -53,9 +53,26 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
     if act_order:
         perm = torch.argsort(torch.diag(H), descending=True)
         W, H = W[:, perm], H[perm][:, perm]
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(cols, device=H.device)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    Q, scales, zeros = gptq_inner_loop(W, hessian_inverse_cholesky(H, damp), bits, group_size, sym, block_size)
+    return Q, scales, zeros, perm
 
+
+def hessian_inverse_cholesky(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
+    """Upper Cholesky factor U of (H + lambda I)^-1, lambda = ``damp`` x mean diag(H).
+
+    Row j of U, divided by U_jj, is the row of the inverse Hessian that OBQ's update for column j
+    needs once columns < j are quantized: one factorisation replaces a rank-one downdate per column."""
+    H = H.clone().float()
+    H += damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], device=H.device)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+
+def gptq_inner_loop(W: torch.Tensor, Hinv: torch.Tensor, bits: int = 4, group_size: int = 128,
+                    sym: bool = False, block_size: int = 128):
+    """The column loop: quantize column j, spread its scaled error over the columns after it.
+    Returns (codes [out, in] uint8, scales [out, n_groups] fp16, zeros [out, n_groups] uint8)."""
+    W = W.detach().clone().float()
+    cols = W.shape[1]
     block_size = max(block_size, group_size) if block_size % group_size else block_size
     Q = torch.zeros_like(W)
     scales, zeros = [], []
@@ -75,7 +92,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
             W1[:, i:] -= err[:, None] * Hinv1[i, i:][None, :]  # compensate inside the block
             Err1[:, i] = err
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]  # lazy update of everything after the block
-    return Q.to(torch.uint8), torch.stack(scales, 1).half(), torch.stack(zeros, 1).to(torch.uint8), perm
+    return Q.to(torch.uint8), torch.stack(scales, 1).half(), torch.stack(zeros, 1).to(torch.uint8)
 
 
 def gptq_linear(linear, H: torch.Tensor, bits: int = 4, group_size: int = 128, act_order: bool = True,
