@@ -87,3 +87,19 @@ def test_llm_quantization_argument_quantizes_at_load():
     assert llm.quantization_config == {"quant_method": "int8", "bits": 8}
     out = llm.generate("def fib(n):", SamplingParams(temperature=0, max_tokens=8))
     assert len(out[0].outputs[0].token_ids) == 8
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_qwen2_with_attention_bias_in_hub_layout(tmp_path, method):
+    """Qwen2 checkpoints carry q/k/v biases next to the packed tensors; symmetric v1 GPTQ (AutoGPTQ's default)."""
+    model = tiny_model(model_type="qwen2", architectures=["Qwen2ForCausalLM"], attention_bias=True)
+    extra = {"sym": True, "act_order": False} if method == "gptq" else {}
+    qcfg = quantize_model(model, method, 4, 128, calibration_tokens=tokens(), progress=False, **extra)
+    if method == "gptq":
+        assert qcfg["checkpoint_format"] == "gptq" and qcfg["sym"] and not qcfg["desc_act"]
+    folder = save_quantized(model, None, tmp_path / "q", qcfg)
+    loaded, _ = load_checkpoint(folder, device="cpu", dtype=torch.float32)
+    assert loaded.model.layers[0].self_attn.q_proj.bias is not None
+    x = tokens(2, 8, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-6)
