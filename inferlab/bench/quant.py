@@ -11,7 +11,6 @@ llama.cpp's decode tokens/s on the same .gguf file (the CPU engine to compare ag
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import tempfile
 import time
@@ -60,55 +59,69 @@ def _llama_cpp_tokens_per_s(model, tok, method: str, ids, new_tokens: int) -> fl
     return best
 
 
-def run(model_name: str = "target", max_tokens: int = 16384, calib_samples: int = 32, new_tokens: int = 64,
-        repeats: int = 2, only: list[str] | None = None, progress: bool = True) -> dict:
+def _row(model_name: str, name: str, bits: int, group, max_tokens: int, calib_samples: int, new_tokens: int,
+         repeats: int, progress: bool = False) -> dict:
+    """Quantize one copy of the model with one method (or none, for fp32/fp16) and measure it."""
     from inferlab.eval.ppl import evaluate, test_stream
     from inferlab.loader import load_checkpoint
     from inferlab.quant.calibration import calibration_tokens
     from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 
     torch.manual_seed(0)
-    base, tok = load_checkpoint(model_name, device="cpu", dtype=torch.float32)
+    model, tok = load_checkpoint(model_name, device="cpu", dtype=torch.float32)
     if tok is None:
         raise InferlabError(f"{model_name} has no tokenizer.json: the benchmark needs its tokenizer")
+    n_weights = linear_weight_bytes(model)[1]
+    fp16_linear = 2 * n_weights
+    seconds = 0.0
+    if name == "fp16":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.half().float())  # fp16 storage, computed in fp32 on CPU
+    if name in ("fp32", "fp16"):
+        nbytes, group = {"fp32": 2, "fp16": 1}[name] * fp16_linear, None
+    else:
+        calib = None
+        if name in ("gptq", "awq"):
+            calib = calibration_tokens(tok, calib_samples, min(512, model.config.max_position_embeddings))
+        t = time.perf_counter()
+        qcfg = quantize_model(model, name, bits, group, calibration_tokens=calib, progress=progress)
+        seconds = time.perf_counter() - t
+        nbytes, group = linear_weight_bytes(model)[0], qcfg.get("group_size", qcfg.get("block_size"))
     ids = test_stream(tok)
     prompt = tok.encode(PROMPT)
-    calib = calibration_tokens(tok, calib_samples, min(512, base.config.max_position_embeddings))
-    fp_bytes, n_weights = linear_weight_bytes(base)
-    fp16_linear = 2 * n_weights
-    other = 2 * (base.num_parameters() - n_weights)
-    rows = []
+    ppl = evaluate(model, ids, max_tokens=max_tokens)["ppl"]
+    row = {"method": name, "bits": bits, "group_size": group, "bits_per_weight": round(8 * nbytes / n_weights, 3),
+           "weight_bytes": nbytes, "other_bytes": 2 * (model.num_parameters() - n_weights),
+           "bytes_ratio_vs_fp16": round(nbytes / fp16_linear, 4), "ppl": round(ppl, 4),
+           "decode_tokens_per_s": round(_decode_tokens_per_s(model, prompt, new_tokens, repeats), 1),
+           "quantize_s": round(seconds, 1), "ppl_tokens": min(max_tokens, len(ids) - 1)}
+    if name in ("q8_0", "q4_0", "q4_k"):
+        row["llama_cpp_decode_tokens_per_s"] = _llama_cpp_tokens_per_s(model, tok, name, prompt, new_tokens)
+    return row
 
-    def add(name, bits, group, model, seconds=0.0):
-        nbytes = linear_weight_bytes(model)[0] if name not in ("fp32", "fp16") else {"fp32": 2, "fp16": 1}[name] * fp16_linear
-        ppl = evaluate(model, ids, max_tokens=max_tokens)["ppl"]
-        row = {"method": name, "bits": bits, "group_size": group, "bits_per_weight": round(8 * nbytes / n_weights, 3),
-               "weight_bytes": nbytes, "other_bytes": other, "bytes_ratio_vs_fp16": round(nbytes / fp16_linear, 4),
-               "ppl": round(ppl, 4), "decode_tokens_per_s": round(_decode_tokens_per_s(model, prompt, new_tokens, repeats), 1),
-               "quantize_s": round(seconds, 1)}
-        if name in ("q8_0", "q4_0", "q4_k"):
-            row["llama_cpp_decode_tokens_per_s"] = _llama_cpp_tokens_per_s(model, tok, name, prompt, new_tokens)
-        rows.append(row)
-        if progress:
-            print(f"  {name} w{bits}: ppl {ppl:.3f}", flush=True)
 
-    add("fp32", 32, None, base)
-    fp16 = copy.deepcopy(base)
-    with torch.no_grad():
-        for p in fp16.parameters():
-            p.copy_(p.half().float())  # fp16 storage, computed in fp32 on CPU
-    add("fp16", 16, None, fp16)
-    for method, bits, group in ROWS:
-        if only and method not in only:
-            continue
-        model = copy.deepcopy(base)
-        t = time.perf_counter()
-        qcfg = quantize_model(model, method, bits, group, calibration_tokens=calib, progress=progress)
-        add(method, bits, qcfg.get("group_size", qcfg.get("block_size")), model, time.perf_counter() - t)
+def run(model_name: str = "target", max_tokens: int = 16384, calib_samples: int = 32, new_tokens: int = 64,
+        repeats: int = 2, only: list[str] | None = None, progress: bool = True, jobs: int = 1) -> dict:
+    """All rows; ``jobs`` > 1 measures rows in that many worker processes (perplexity is unchanged,
+    decode tokens/s then shares the CPU and is only indicative)."""
+    specs = [("fp32", 32, None), ("fp16", 16, None)] + [r for r in ROWS if not only or r[0] in only]
+    args = [(model_name, m, b, g, max_tokens, calib_samples, new_tokens, repeats) for m, b, g in specs]
+    if jobs > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            rows = list(pool.map(_row, *zip(*args)))
+    else:
+        rows = []
+        for a in args:
+            rows.append(_row(*a, progress=progress))
+            if progress:
+                print(f"  {a[1]} w{a[2]}: ppl {rows[-1]['ppl']:.3f}", flush=True)
     ref = rows[1]["ppl"]
     for r in rows:
         r["ppl_delta_pct"] = round(100 * (r["ppl"] / ref - 1), 3)
-    return {"model": model_name, "ppl_tokens": min(max_tokens, len(ids) - 1), "calibration_samples": calib_samples,
+    return {"model": model_name, "ppl_tokens": rows[0]["ppl_tokens"], "calibration_samples": calib_samples,
             "rows": rows, "goals": goals(rows)}
 
 
@@ -158,16 +171,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per speed run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--methods", default=None, help="comma-separated subset (default: all)")
+    p.add_argument("--jobs", type=int, default=1, help="measure rows in N processes (decode speed then shares the CPU)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if min(args.max_tokens, args.calib_samples, args.new_tokens, args.repeats) < 1:
-        p.error("--max-tokens, --calib-samples, --new-tokens and --repeats must be >= 1")
+    if min(args.max_tokens, args.calib_samples, args.new_tokens, args.repeats, args.jobs) < 1:
+        p.error("--max-tokens, --calib-samples, --new-tokens, --repeats and --jobs must be >= 1")
     only = args.methods.split(",") if args.methods else None
     if only:
         from inferlab.quant.methods import resolve
         for m in only:
             resolve(m)
     res = run(args.model, args.max_tokens, args.calib_samples, args.new_tokens, args.repeats, only,
-              progress=not args.json)
+              progress=not args.json, jobs=args.jobs)
     print(json.dumps(res) if args.json else table(res))
     return 0

@@ -62,6 +62,7 @@ def test_a_failed_quantize_leaves_no_partial_folder(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_bench_quant_smoke(capsys):
     code, stdout, err = run(capsys, "bench", "quant", "--methods", "int8,q4_0", "--max-tokens", "256",
                             "--calib-samples", "1", "--new-tokens", "4", "--repeats", "1", "--json")
