@@ -153,12 +153,13 @@ def table(res: dict) -> str:
              head + ("  llama.cpp tok/s" if has_cpp else "")]
     for r in res["rows"]:
         name = r["method"] + (f" w{r['bits']}" if r["method"] in ("int4", "gptq", "awq") else "")
-        line = (f"{name:<14}{r['bits_per_weight']:>8.2f}{r['weight_bytes'] / 2**20:>8.2f}{r['bytes_ratio_vs_fp16']:>8.3f}"
-                f"{r['ppl']:>9.3f}{r['ppl_delta_pct']:>8.2f}%{r['decode_tokens_per_s']:>8.1f}")
+        line = (f"{name:<14}{r['bits_per_weight']:>8.2f}{r['weight_bytes'] / 2**20:>8.2f}"
+                f"{r['bytes_ratio_vs_fp16']:>8.3f}{r['ppl']:>9.3f}{r['ppl_delta_pct']:>8.2f}%{r['decode_tokens_per_s']:>8.1f}")
         if r.get("llama_cpp_decode_tokens_per_s"):
             line += f"  {r['llama_cpp_decode_tokens_per_s']:>8.1f}"
         lines.append(line)
-    lines.append("goals: " + "; ".join(f"{k} {v['value']} ({v['target']}{', met' if v['met'] else ', missed' if v['met'] is False else ''})"
+    verdict = {True: ", met", False: ", missed", None: ""}
+    lines.append("goals: " + "; ".join(f"{k} {v['value']} ({v['target']}{verdict[v['met']]})"
                                        for k, v in res["goals"].items()))
     return "\n".join(lines)
 

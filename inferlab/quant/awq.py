@@ -30,7 +30,8 @@ def fake_quant(w: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
     out, cols = w.shape
     g = w.view(out, cols // group_size, group_size)
     scale, zero = group_qparams(g, bits)
-    return ((quantize_codes(g, scale[..., None], zero[..., None], bits) - zero[..., None]) * scale[..., None]).view(out, cols)
+    scale, zero = scale[..., None], zero[..., None]
+    return ((quantize_codes(g, scale, zero, bits) - zero) * scale).view(out, cols)
 
 
 @torch.no_grad()

@@ -125,7 +125,8 @@ def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_r
         for name, lin in linears.items():
             if name.endswith(("q_proj", "k_proj")):  # AutoAWQ leaves q/k unclipped (attention scores are sensitive)
                 continue
-            lin.weight.copy_(awq.search_clip(lin.weight, x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows], bits, group_size_of(lin)))
+            rows = x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows]  # 512 tokens, as AutoAWQ clips on
+            lin.weight.copy_(awq.search_clip(lin.weight, rows, bits, group_size_of(lin)))
     replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_size_of(lin), bits))
 
 
