@@ -5,6 +5,7 @@
     inferlab serve [--model M] [--port P]      an OpenAI-compatible HTTP server
     inferlab train                             train the embedded target/draft pair
     inferlab eval ppl --model M --json         perplexity on the held-out stdlib split
+    inferlab quantize --model M --method X --out DIR   quantize (int8, int4, gptq, awq, nf4, q4_k ...)
     inferlab models --json                     list the embedded models
     inferlab grade labs/NN_topic               run a lab's autograder
 
@@ -23,6 +24,7 @@ COMMANDS = {
     "serve": ("inferlab.serve", "an OpenAI-compatible HTTP server on the engine"),
     "train": ("inferlab.train", "train the embedded target and draft models"),
     "eval": ("inferlab.eval", "evaluation harnesses (perplexity)"),
+    "quantize": ("inferlab.quant.cli", "quantize a model (int8, int4, gptq, awq, nf4, gguf blocks)"),
     "models": ("inferlab.embedded", "list the embedded models"),
     "grade": ("inferlab.grade", "grade a lab (Gradescope-style results)"),
 }

@@ -29,6 +29,9 @@ class LLM:
     block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
+    quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
+        "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
+        already quantized and needs no argument.
     """
 
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
@@ -36,13 +39,17 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
-                 gpu_memory_utilization: float = 0.9):
+                 gpu_memory_utilization: float = 0.9, quantization: str | None = None):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
                               gpu_memory_utilization)
         backend = get_backend(attention_backend)  # check the knobs before loading anything
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or default_device()))
+        if quantization is not None:
+            from inferlab.quant import quantize_model
+            self.quantization_config = quantize_model(self.model, quantization, tokenizer=self.tokenizer,
+                                                      progress=False)
         self.model.set_attention_backend(backend)
         self.model_name = str(model)
         self.llm_engine = LLMEngine(self.model, self.tokenizer, config)

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
+from inferlab.linear import default_linear
 from inferlab.model import CausalLM
 from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
@@ -100,11 +101,23 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
     config = load_config(folder)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
+    qcfg = _quantization_config(folder)
     with torch.device("meta"):
-        model = CausalLM(config)
-    shapes = {k: tuple(t.shape) for k, t in model.checkpoint_state_dict().items()}
-    # One tensor at a time: read, check, convert to the compute dtype and device, keep only the
-    # converted copy. Peak host memory stays near one model, not the file's copy plus ours.
+        model = CausalLM(config, _linear_factory(qcfg))
+    state = model.checkpoint_state_dict()
+    shapes = {k: tuple(t.shape) for k, t in state.items()}
+    params = {k for k, _ in model.named_parameters()}
+
+    def convert(key: str, t: torch.Tensor) -> torch.Tensor:
+        """Check the shape, then move to the device: parameters in the compute dtype, packed
+        buffers of a quantized linear (codes, scales) in their own dtype."""
+        if tuple(t.shape) != shapes[key]:
+            raise CheckpointError(f"{folder}: weight {key} has shape {tuple(t.shape)}, "
+                                  f"the config implies {shapes[key]}")
+        return t.to(device=device, dtype=dtype if key in params else state[key].dtype)
+
+    # One tensor at a time: read, check, convert, keep only the converted copy, so peak host memory
+    # stays near one model. (Hub GPTQ/AWQ layouts are repacked after reading, all at once.)
     tensors, unexpected = {}, []
     for file in _weight_files(folder):
         with safe_open(str(file), framework="pt") as f:
@@ -113,14 +126,17 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
                     continue  # a buffer older transformers saved; recomputed from the config
                 if key == "lm_head.weight" and config.tie_word_embeddings:
                     continue
-                if key not in shapes:
+                if qcfg is not None:
+                    tensors[key] = f.get_tensor(key)
+                elif key not in shapes:
                     unexpected.append(key)
-                    continue
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != shapes[key]:
-                    raise CheckpointError(f"{folder}: weight {key} has shape {shape}, "
-                                          f"the config implies {shapes[key]}")
-                tensors[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                else:
+                    tensors[key] = convert(key, f.get_tensor(key))
+    if qcfg is not None:  # hub GPTQ/AWQ layouts -> the quantized modules' buffers
+        from inferlab.quant.checkpoint import convert_checkpoint
+        tensors = convert_checkpoint(qcfg, tensors)
+        unexpected = [k for k in tensors if k not in shapes]
+        tensors = {k: convert(k, t) for k, t in tensors.items() if k in shapes}
     missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(unexpected)
     if missing or unexpected:
         raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
@@ -136,6 +152,22 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
     if (folder / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
     return model, tokenizer
+
+
+def _quantization_config(folder: Path) -> dict | None:
+    """config.json's quantization_config, checked (None for an unquantized folder)."""
+    raw = json.loads((folder / "config.json").read_text())
+    if "quantization_config" not in raw and not (folder / "quantize_config.json").exists():
+        return None
+    from inferlab.quant.checkpoint import read_quantization_config
+    return read_quantization_config(folder)
+
+
+def _linear_factory(qcfg: dict | None):
+    if qcfg is None:
+        return default_linear
+    from inferlab.quant.checkpoint import linear_factory
+    return linear_factory(qcfg)
 
 
 def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
+    "quant": ("inferlab.bench.quant", "every quantization method: bytes, perplexity, decode speed"),
     "kv": ("inferlab.bench.kv", "KV-cache memory wasted: contiguous vs paged, prefix sharing"),
     "serve": ("inferlab.bench.serve", "continuous vs static batching on one workload; --url: any OpenAI server"),
 }

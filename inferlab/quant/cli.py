@@ -1,0 +1,73 @@
+"""``inferlab quantize``: quantize a model and write a folder that ``LLM(model=DIR)`` loads.
+
+    inferlab quantize --model target --method gptq --bits 4 --group-size 128 --out target-gptq
+    inferlab quantize --model target --method q4_k --format gguf --out target-q4_k   # DIR/model.gguf
+
+Nothing is written until quantization succeeded, and the folder appears in one rename, so a
+failed run leaves no partial output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from inferlab.errors import InferlabError
+from inferlab.quant.methods import METHODS, resolve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="inferlab quantize", description="Quantize a model's linear layers.")
+    p.add_argument("--model", default="target", help="target, draft, or an HF model folder (default: target)")
+    p.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
+    p.add_argument("--bits", type=int, default=None, help="bit width (default: the method's)")
+    p.add_argument("--group-size", type=int, default=None, help="columns per scale (default: the method's; "
+                   "-1 = one group per row for int4/gptq)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--format", default="safetensors", choices=("safetensors", "gguf"),
+                   help="gguf: a llama.cpp model file (q8_0, q4_0, q4_k)")
+    p.add_argument("--calib-samples", type=int, default=64, help="calibration windows (gptq, awq)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per calibration window")
+    p.add_argument("--no-act-order", action="store_true", help="gptq: quantize columns in their natural order")
+    p.add_argument("--sym", action="store_true", help="gptq: symmetric grid (zero point fixed mid-range)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from inferlab.loader import load_checkpoint
+    from inferlab.quant.checkpoint import check_output_folder, save_quantized
+    from inferlab.quant.quantize import linear_weight_bytes, quantize_model
+
+    args = build_parser().parse_args(argv)
+    method, bits, group = resolve(args.method, args.bits, args.group_size)  # fail before loading anything
+    if args.format == "gguf" and method not in ("q8_0", "q4_0", "q4_k"):
+        raise InferlabError(f"--format gguf writes llama.cpp blocks: use --method q8_0, q4_0 or q4_k (not {method})")
+    if method == "awq" and args.format == "safetensors" and bits != 4:
+        raise InferlabError("AWQ checkpoints hold 4-bit codes only (the hub's GEMM layout): use --bits 4")
+    if args.calib_samples < 1 or args.seq_len < 2:
+        raise InferlabError("--calib-samples must be >= 1 and --seq-len >= 2")
+    check_output_folder(Path(args.out))
+    model, tok = load_checkpoint(args.model, device="cpu", dtype=torch.float32)
+    t0 = time.perf_counter()
+    qcfg = quantize_model(model, method, bits, group, tokenizer=tok, n_samples=args.calib_samples,
+                          seq_len=args.seq_len, act_order=not args.no_act_order, sym=args.sym,
+                          progress=not args.json)
+    seconds = time.perf_counter() - t0
+    if args.format == "gguf":
+        from inferlab.quant.gguf_export import write_gguf
+        path = write_gguf(model, tok, args.out, method)
+    else:
+        path = save_quantized(model, tok, args.out, qcfg)
+    nbytes, count = linear_weight_bytes(model)
+    res = {"out": str(path), "quantization_config": qcfg, "bits_per_weight": round(8 * nbytes / count, 3),
+           "linear_weight_bytes": nbytes, "seconds": round(seconds, 1)}
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"{method}: {nbytes / 2**20:.2f} MiB of linear weights ({res['bits_per_weight']} bits/weight), "
+              f"{seconds:.1f} s -> {path}")
+    return 0

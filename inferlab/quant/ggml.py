@@ -1,0 +1,174 @@
+"""llama.cpp's block formats, byte for byte (ggml-quants.c; the GGUF file stores these bytes).
+
+    Q8_0  32 values in 34 bytes:  fp16 d | 32 x int8 q                  w = d * q
+    Q4_0  32 values in 18 bytes:  fp16 d | 16 bytes of nibbles           w = d * (q - 8)
+          (value i in the low nibble of byte i, value i + 16 in its high nibble)
+    Q4_K  256 values in 144 bytes: fp16 d | fp16 dmin | 12 bytes: 8 six-bit scales and 8 six-bit
+          mins | 128 bytes of nibbles. Eight sub-blocks of 32 each have w = d*sc_j * q - dmin*m_j:
+          the super-block's two fp16 numbers scale 6-bit sub-block scales, so the sub-blocks cost
+          12 bits each instead of 32. 4.5 bits per weight.
+
+Quantization follows the reference C code (``quantize_row_q8_0_ref``, ``_q4_0_ref``, ``_q4_K_ref``
+with its ``make_qkx2_quants`` search for each sub-block's scale and min).
+"""
+from __future__ import annotations
+
+import torch
+
+from inferlab.quant.base import QuantizationError, QuantLinear
+
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144)}  # values per block, bytes per block
+
+
+def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float16).contiguous().view(torch.uint8).view(*x.shape, 2)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def _roundf(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf: halves away from zero (torch.round rounds halves to even)."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def _blocks(w: torch.Tensor, size: int) -> torch.Tensor:
+    if w.shape[-1] % size:
+        raise QuantizationError(f"this format packs {size} values per block: the input dimension "
+                                f"{w.shape[-1]} is not a multiple of {size}")
+    return w.detach().float().reshape(-1, size)
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    x = _blocks(w, 32)
+    d = x.abs().amax(1, keepdim=True) / 127
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = _roundf(x * inv).to(torch.int8)
+    return torch.cat([_f16_bytes(d[:, 0]), q.view(torch.uint8)], 1).reshape(w.shape[0], -1)
+
+
+def dequantize_q8_0(b: torch.Tensor) -> torch.Tensor:
+    b = b.reshape(-1, 34)
+    return _f16(b[:, :2])[:, None] * b[:, 2:].contiguous().view(torch.int8).float()
+
+
+def quantize_q4_0(w: torch.Tensor) -> torch.Tensor:
+    x = _blocks(w, 32)
+    imax = x.abs().argmax(1, keepdim=True)
+    d = x.gather(1, imax) / -8  # the largest-magnitude value maps exactly to code 0
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = torch.trunc(x * inv + 8.5).clamp(0, 15).to(torch.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    return torch.cat([_f16_bytes(d[:, 0]), packed], 1).reshape(w.shape[0], -1)
+
+
+def dequantize_q4_0(b: torch.Tensor) -> torch.Tensor:
+    b = b.reshape(-1, 18)
+    qs = b[:, 2:]
+    q = torch.cat([qs & 0x0F, qs >> 4], 1).float() - 8
+    return _f16(b[:, :2])[:, None] * q
+
+
+def make_qkx2_quants(x: torch.Tensor, weights: torch.Tensor, nmax: int = 15, rmin: float = -1.0,
+                     rdelta: float = 0.1, nstep: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``x`` [N, 32]: the (scale, min) with x ~ scale * q - min that minimises the weighted
+    squared error, searched over nstep + 1 candidate scales, each refit by least squares."""
+    lo = x.amin(1).clamp(max=0)
+    hi = x.amax(1)
+    span = (hi - lo).clamp(min=1e-30)
+    best_scale, best_min = span / nmax, -lo
+    q = _roundf((x - lo[:, None]) * (nmax / span)[:, None]).clamp(0, nmax)
+    best_err = (weights * (best_scale[:, None] * q + lo[:, None] - x) ** 2).sum(1)
+    sw, sx = weights.sum(1), (weights * x).sum(1)
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * step + nmax) / span
+        q = _roundf(iscale[:, None] * (x - lo[:, None])).clamp(0, nmax)
+        sl, sl2, sxl = (weights * q).sum(1), (weights * q * q).sum(1), (weights * q * x).sum(1)
+        det = sw * sl2 - sl * sl
+        ok = det > 0
+        scale = torch.where(ok, (sw * sxl - sx * sl) / torch.where(ok, det, 1), best_scale)
+        mn = torch.where(ok, (sl2 * sx - sl * sxl) / torch.where(ok, det, 1), lo)
+        pos = mn > 0  # the min is kept <= 0 (stored as a non-negative offset)
+        scale = torch.where(pos, sxl / sl2.clamp(min=1e-30), scale)
+        mn = torch.where(pos, torch.zeros_like(mn), mn)
+        err = (weights * (scale[:, None] * q + mn[:, None] - x) ** 2).sum(1)
+        better = ok & (err < best_err)
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_min = torch.where(better, -mn, best_min)
+    flat = hi == lo
+    return torch.where(flat, torch.zeros_like(best_scale), best_scale), torch.where(flat, -lo, best_min)
+
+
+def quantize_q4_k(w: torch.Tensor) -> torch.Tensor:
+    x = _blocks(w, 256)
+    n = x.shape[0]
+    sub = x.view(n * 8, 32)
+    av = (sub.pow(2).mean(1, keepdim=True)).sqrt()
+    scales, mins = make_qkx2_quants(sub, av + sub.abs())
+    scales, mins = scales.view(n, 8), mins.view(n, 8)
+    max_scale, max_min = scales.amax(1, keepdim=True), mins.amax(1, keepdim=True)
+    inv_s = torch.where(max_scale > 0, 63 / max_scale, torch.zeros_like(max_scale))
+    inv_m = torch.where(max_min > 0, 63 / max_min, torch.zeros_like(max_min))
+    ls = _roundf(inv_s * scales).clamp(max=63).to(torch.uint8)
+    lm = _roundf(inv_m * mins).clamp(max=63).to(torch.uint8)
+    d, dmin = (max_scale / 63).half().float(), (max_min / 63).half().float()
+    packed_sc = torch.cat([ls[:, :4] | ((ls[:, 4:] >> 4) << 6), lm[:, :4] | ((lm[:, 4:] >> 4) << 6),
+                           (ls[:, 4:] & 0x0F) | ((lm[:, 4:] & 0x0F) << 4)], 1)
+    eff_d, eff_m = (d * ls.float()).view(n, 8, 1), (dmin * lm.float()).view(n, 8, 1)
+    safe = torch.where(eff_d == 0, torch.ones_like(eff_d), eff_d)
+    q = torch.where(eff_d == 0, torch.zeros_like(eff_d), _roundf((x.view(n, 8, 32) + eff_m) / safe))
+    q = q.clamp(0, 15).to(torch.uint8).view(n, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).view(n, 128)
+    out = torch.cat([_f16_bytes(d[:, 0]), _f16_bytes(dmin[:, 0]), packed_sc, qs], 1)
+    return out.reshape(w.shape[0], -1)
+
+
+def q4_k_scales_mins(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unpack the 12 scale bytes [N, 12] into 8 six-bit scales and 8 six-bit mins."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scales = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], 1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], 1)
+    return scales, mins
+
+
+def dequantize_q4_k(b: torch.Tensor) -> torch.Tensor:
+    b = b.reshape(-1, 144)
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = q4_k_scales_mins(b[:, 4:16])
+    qs = b[:, 16:].reshape(n, 4, 1, 32)
+    q = torch.cat([qs & 0x0F, qs >> 4], 2).reshape(n, 8, 32).float()
+    return (d[:, None, None] * sc.float()[..., None] * q - dmin[:, None, None] * mn.float()[..., None]).view(n, 256)
+
+
+QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k}
+DEQUANTIZE = {"q8_0": dequantize_q8_0, "q4_0": dequantize_q4_0, "q4_k": dequantize_q4_k}
+
+
+class GGMLLinear(QuantLinear):
+    """A linear layer whose weight rows are llama.cpp blocks (``qweight`` uint8 [out, bytes per row])."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, ggml_type: str = "q4_k"):
+        super().__init__(in_features, out_features, bias)
+        if ggml_type not in BLOCKS:
+            raise QuantizationError(f"unknown llama.cpp block type {ggml_type!r}: choose one of {', '.join(BLOCKS)}")
+        size, nbytes = BLOCKS[ggml_type]
+        if in_features % size:
+            raise QuantizationError(f"{ggml_type} packs {size} values per block: the input dimension "
+                                    f"{in_features} is not a multiple of {size}")
+        self.method = self.ggml_type = ggml_type
+        self.bits = 8 if ggml_type == "q8_0" else 4
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // size * nbytes, dtype=torch.uint8))
+
+    @classmethod
+    def from_float(cls, linear, ggml_type: str) -> "GGMLLinear":
+        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, ggml_type)
+        mod.qweight = QUANTIZE[ggml_type](linear.weight)
+        if linear.bias is not None:
+            mod.bias.data = linear.bias.detach().float().clone()
+        return mod.to(linear.weight.device)
+
+    def dequantize(self) -> torch.Tensor:
+        return DEQUANTIZE[self.ggml_type](self.qweight).view(self.out_features, self.in_features)

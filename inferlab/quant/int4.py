@@ -1,0 +1,118 @@
+"""INT4 (and 2/3-bit) group-wise asymmetric round-to-nearest, two codes per byte.
+
+Each output row is cut into groups of ``group_size`` input columns; each group gets its own
+scale and zero point, so one outlier only spoils its own group:
+
+    scale = (max - min) / (2^bits - 1)      zero = round(-min / scale)  (clamped to the code range)
+    q     = clamp(round(w / scale) + zero, 0, 2^bits - 1)
+    w~    = (q - zero) * scale
+
+Storage (the layout inferlab's W4A16 kernel reads):
+    qweight  uint8   [out, in // 2]   byte [n, j] = q[n, 2j] | q[n, 2j + 1] << 4 (low nibble = even column)
+    scales   float16 [out, in // G]
+    zeros    uint8   [out, in // G]   0..15
+    perm     int32   [in]  (optional)  act-order: the columns in the order they were quantized, so each
+                                        group is contiguous; the input is permuted to match, x[..., perm]
+3-bit and 2-bit codes use the same nibbles (only 8 or 4 of the 16 values), so their memory is that of
+4 bits; the bit width changes the error, not the bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+from inferlab.quant.base import QuantizationError, QuantLinear, check_divides
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes [out, in] in 0..15 -> bytes [out, in // 2], low nibble = even column."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes [out, in // 2] -> codes [out, in] (uint8), the inverse of :func:`pack_int4`."""
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+
+
+def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    group_size: int) -> torch.Tensor:
+    """The reference: w[n, k] = (q[n, k] - zeros[n, k // G]) * scales[n, k // G], float32 [out, in]."""
+    q = unpack_int4(qweight).float()
+    out, cols = q.shape
+    q = q.view(out, cols // group_size, group_size)
+    w = (q - zeros.float()[..., None]) * scales.float()[..., None]
+    return w.view(out, cols)
+
+
+def group_qparams(w: torch.Tensor, bits: int, sym: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point for each row of ``w`` [..., G] from its min and max (min <= 0 <= max)."""
+    maxq = 2 ** bits - 1
+    lo = w.amin(-1).clamp(max=0)
+    hi = w.amax(-1).clamp(min=0)
+    if sym:
+        hi = torch.maximum(-lo, hi)
+        lo = -hi
+    scale = (hi - lo) / maxq
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zero = torch.full_like(scale, (maxq + 1) // 2) if sym else torch.round(-lo / scale).clamp(0, maxq)
+    return scale, zero
+
+
+def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    return torch.clamp(torch.round(w / scale) + zero, 0, 2 ** bits - 1)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128, bits: int = 4, sym: bool = False):
+    """Round-to-nearest: ``w`` [out, in] -> (qweight, scales, zeros) in the layout above."""
+    if bits not in (2, 3, 4):
+        raise QuantizationError(f"group-wise integer quantization supports --bits 2, 3 or 4, not {bits}")
+    out, cols = w.shape
+    check_divides(group_size, cols)
+    g = w.float().view(out, cols // group_size, group_size)
+    scale, zero = group_qparams(g, bits, sym)
+    scale = scale.half().float()  # stored in fp16: round with the scale that will be read back
+    q = quantize_codes(g, scale[..., None], zero[..., None], bits).view(out, cols)
+    return pack_int4(q), scale.half(), zero.to(torch.uint8)
+
+
+class Int4Linear(QuantLinear):
+    """A linear layer holding group-wise 4-bit codes (see the module docstring for the layout)."""
+
+    method = "int4"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int = 128,
+                 bits: int = 4, act_order: bool = False):
+        super().__init__(in_features, out_features, bias)
+        check_divides(group_size, in_features)
+        self.group_size, self.bits = group_size, bits
+        n_groups = in_features // group_size
+        self.register_buffer("qweight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.float16))
+        self.register_buffer("zeros", torch.zeros(out_features, n_groups, dtype=torch.uint8))
+        if act_order:
+            self.register_buffer("perm", torch.arange(in_features, dtype=torch.int32))
+        else:
+            self.perm = None
+
+    @classmethod
+    def from_float(cls, linear, group_size: int = 128, bits: int = 4, sym: bool = False) -> "Int4Linear":
+        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size, bits)
+        mod.qweight, mod.scales, mod.zeros = quantize_int4(linear.weight.detach(), group_size, bits, sym)
+        if linear.bias is not None:
+            mod.bias.data = linear.bias.detach().float().clone()
+        return mod.to(linear.weight.device)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight in the stored (possibly permuted) column order."""
+        return dequantize_int4(self.qweight, self.scales, self.zeros, self.group_size)
+
+    def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.perm is None else x.index_select(-1, self.perm)
+
+    def dequantize_original_order(self) -> torch.Tensor:
+        w = self.dequantize()
+        if self.perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.perm.long()] = w
+        return out

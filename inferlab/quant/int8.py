@@ -1,0 +1,37 @@
+"""INT8 per-output-channel symmetric absmax (LLM.int8's vector-wise weights, without the outlier split).
+
+Each output row n gets one scale, ``s_n = max_k |w[n, k]| / 127``; codes ``q = round(w / s_n)`` lie in
+-127..127. Per-channel scales cost 16 bits per row, so storage is ~8 bits per weight: half of fp16.
+"""
+from __future__ import annotations
+
+import torch
+
+from inferlab.quant.base import QuantLinear
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [out, in] -> (int8 codes [out, in], float16 scales [out])."""
+    scale = (w.float().abs().amax(dim=1) / 127).clamp(min=1e-12).half()
+    q = torch.round(w.float() / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(QuantLinear):
+    method, bits = "int8", 8
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=torch.float16))
+
+    @classmethod
+    def from_float(cls, linear) -> "Int8Linear":
+        mod = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        mod.qweight, mod.scales = quantize_int8(linear.weight.detach())
+        if linear.bias is not None:
+            mod.bias.data = linear.bias.detach().float().clone()
+        return mod.to(linear.weight.device)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]

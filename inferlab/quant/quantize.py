@@ -1,0 +1,149 @@
+"""``quantize_model``: replace a loaded model's linears (all but lm_head) by quantized ones, in place.
+
+Round-to-nearest methods (int8, int4, nf4, q8_0, q4_0, q4_k) look only at the weights. GPTQ and AWQ
+also look at calibration activations from the corpus' train split, one decoder layer at a time.
+Returns the ``quantization_config`` that config.json stores, so the folder loads back.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inferlab.linear import replace_linears
+from inferlab.quant import awq, calibration
+from inferlab.quant.base import QuantizationError, QuantLinear
+from inferlab.quant.ggml import GGMLLinear
+from inferlab.quant.gptq import HessianAccumulator, gptq_linear
+from inferlab.quant.int4 import Int4Linear
+from inferlab.quant.int8 import Int8Linear
+from inferlab.quant.methods import METHODS, check_model, resolve
+from inferlab.quant.nf4 import NF4Linear
+
+
+def _progress(iterable, enabled: bool, desc: str):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, desc=desc, unit="layer")
+
+
+def quantization_config(method: str, bits: int, group_size: int | None, act_order: bool = False,
+                        sym: bool = False) -> dict:
+    """The ``quantization_config`` entry of config.json (hub field names for GPTQ and AWQ)."""
+    if method == "gptq":
+        return {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order,
+                "sym": sym, "damp_percent": 0.01, "true_sequential": False, "lm_head": False,
+                "checkpoint_format": "gptq" if sym else "gptq_v2"}
+    if method == "awq":
+        return {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True,
+                "version": "gemm"}
+    cfg = {"quant_method": method, "bits": bits}
+    if group_size is not None:
+        cfg["group_size" if method == "int4" else "block_size"] = group_size
+    return cfg
+
+
+@torch.no_grad()
+def quantize_model(model, method: str, bits: int | None = None, group_size: int | None = None, *,
+                   tokenizer=None, calibration_tokens: torch.Tensor | None = None, n_samples: int = 64,
+                   seq_len: int = 512, act_order: bool = True, sym: bool = False,
+                   progress: bool = True) -> dict:
+    """Quantize ``model`` in place with ``method``; returns its quantization_config."""
+    method, bits, group_size = resolve(method, bits, group_size)
+    if quantized_modules(model):
+        raise QuantizationError("this model is already quantized: load the unquantized model to quantize it")
+    check_model(model, method, group_size)
+    if method == "awq" and group_size == -1:
+        group_size = None
+    if METHODS[method].calibrated:
+        if calibration_tokens is None:
+            if tokenizer is None:
+                raise ValueError(f"{method} needs calibration data: pass a tokenizer or calibration_tokens")
+            seq_len = min(seq_len, model.config.max_position_embeddings)
+            calibration_tokens = calibration.calibration_tokens(tokenizer, n_samples, seq_len)
+        if method == "gptq":
+            _gptq(model, calibration_tokens, bits, group_size, act_order, sym, progress)
+        else:
+            _awq(model, calibration_tokens, bits, group_size, progress)
+        return quantization_config(method, bits, group_size, act_order and method == "gptq", sym)
+    convert = {
+        "int8": lambda name, lin: Int8Linear.from_float(lin),
+        "int4": lambda name, lin: Int4Linear.from_float(lin, group_size if group_size != -1 else lin.in_features, bits),
+        "nf4": lambda name, lin: NF4Linear.from_float(lin, group_size),
+    }.get(method, lambda name, lin: GGMLLinear.from_float(lin, method))
+    replace_linears(model, convert)
+    return quantization_config(method, bits, group_size)
+
+
+def _gptq(model, tokens, bits, group_size, act_order, sym, progress) -> None:
+    for i in _progress(range(len(model.model.layers)), progress, f"GPTQ {bits}-bit"):
+        layer = model.model.layers[i]
+        linears = calibration.layer_linears(layer)
+        hessians = {n: HessianAccumulator(m.in_features, m.weight.device) for n, m in linears.items()}
+        handles = calibration.capture_inputs(linears, lambda n, x: hessians[n].add(x))
+        try:
+            calibration.run_through_layer(model, tokens, i)
+        finally:
+            for h in handles:
+                h.remove()
+        for name, lin in linears.items():
+            new = gptq_linear(lin, hessians[name].H, bits, group_size, act_order, sym)
+            parent, _, child = name.rpartition(".")
+            setattr(layer.get_submodule(parent), child, new)
+
+
+def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_rows: int = 512) -> None:
+    group_size_of = (lambda lin: group_size or lin.in_features)
+    for i in _progress(range(len(model.model.layers)), progress, f"AWQ {bits}-bit"):
+        layer = model.model.layers[i]
+        linears = calibration.layer_linears(layer)
+        samples: dict[str, list] = {n: [] for n in linears}
+        abs_sum = {n: 0.0 for n in linears}
+        count = {n: 0 for n in linears}
+        step = max(1, len(tokens) * tokens.shape[1] // max_rows)
+
+        def record(name, x):
+            abs_sum[name] = abs_sum[name] + x.abs().sum(0)
+            count[name] += x.shape[0]
+            samples[name].append(x[::step])
+
+        handles = calibration.capture_inputs(linears, record)
+        try:
+            calibration.run_through_layer(model, tokens, i)
+        finally:
+            for h in handles:
+                h.remove()
+        x = {n: torch.cat(samples[n])[:max_rows] for n in linears}
+        for prev, names in awq.scale_groups(layer):
+            first = names[0]
+            mods = [layer.get_submodule(n) for n in names]
+            s, _, _ = awq.search_scale(x[first], abs_sum[first] / count[first], [m.weight for m in mods],
+                                       bits, group_size_of(mods[0]))
+            awq.apply_scale(prev, mods, s)
+            for n in names:
+                x[n] = x[n] / s
+        for name, lin in linears.items():
+            if name.endswith(("q_proj", "k_proj")):  # AutoAWQ leaves q/k unclipped (attention scores are sensitive)
+                continue
+            rows = x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows]  # 512 tokens, as AutoAWQ clips on
+            lin.weight.copy_(awq.search_clip(lin.weight, rows, bits, group_size_of(lin)))
+    replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_size_of(lin), bits))
+
+
+def quantized_modules(model) -> dict[str, QuantLinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+
+
+def linear_weight_bytes(model) -> tuple[int, int]:
+    """(bytes of the linear weights as stored, number of those weights), lm_head excluded."""
+    total, count = 0, 0
+    for name, m in model.named_modules():
+        if name == "lm_head":
+            continue
+        if isinstance(m, QuantLinear):
+            total += m.weight_bytes()
+            count += m.in_features * m.out_features
+        elif isinstance(m, nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+            count += m.weight.numel()
+    return total, count
