@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 
@@ -38,25 +39,19 @@ def _decode_tokens_per_s(model, ids, new_tokens: int, repeats: int) -> float:
 
 
 def _llama_cpp_tokens_per_s(model, tok, method: str, ids, new_tokens: int) -> float | None:
-    try:
-        import llama_cpp
-    except ImportError:
+    """llama.cpp's greedy decode speed on the same blocks (None without llama-cpp-python, or if it fails)."""
+    import importlib.util
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
+    from inferlab.quant import llama_cpp_runner
     from inferlab.quant.gguf_export import write_gguf
     with tempfile.TemporaryDirectory() as tmp:
         path = write_gguf(model, tok, f"{tmp}/m", method)
-        llm = llama_cpp.Llama(str(path), n_ctx=model.config.max_position_embeddings, n_threads=1, verbose=False)
-        best = 0.0
-        for _ in range(3):
-            llm.reset()
-            llm.eval(ids)
-            t = time.perf_counter()
-            for _ in range(new_tokens):
-                nxt = int(llm.scores[llm.n_tokens - 1].argmax())
-                llm.eval([nxt])
-            best = max(best, new_tokens / (time.perf_counter() - t))
-        llm.close()
-    return best
+        try:
+            return round(llama_cpp_runner.run(path, ids, new_tokens)["tokens_per_s"], 1)
+        except llama_cpp_runner.LlamaCppError as exc:
+            print(f"inferlab bench quant: {exc}", file=sys.stderr)
+            return None
 
 
 def _row(model_name: str, name: str, bits: int, group, max_tokens: int, calib_samples: int, new_tokens: int,

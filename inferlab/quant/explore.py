@@ -1,6 +1,7 @@
 """Notebook 01's live views: a weight-error explorer and a Q4_K super-block, byte by byte."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from inferlab.quant import ggml
@@ -40,7 +41,7 @@ def error_explorer(w: torch.Tensor, linear_params: int, name: str = "layer", bin
     header = W.HTML()
     fig = go.FigureWidget(make_subplots(rows=1, cols=2, column_widths=[0.72, 0.28],
                                         subplot_titles=("error w~ - w (in units of std(w))", "linear weights, MiB")))
-    fig.add_histogram(x=[], nbinsx=bins, name="error", row=1, col=1)
+    fig.add_bar(x=[], y=[], name="error", row=1, col=1)  # bin counts, not raw values: a small notebook
     fig.add_bar(x=["fp16", "chosen"], y=[0, 0], name="MiB", row=1, col=2)
     fig.update_layout(height=360, showlegend=False, margin=dict(t=60, b=40, l=40, r=20))
     fig.update_yaxes(type="log", row=1, col=1)
@@ -49,12 +50,14 @@ def error_explorer(w: torch.Tensor, linear_params: int, name: str = "layer", bin
         bits, group = SCHEMES[scheme.value]
         w_hat, bpw = roundtrip(w, bits, group)
         err = ((w_hat - w) / w.std()).flatten()
+        lim = max(err.abs().max().item(), 1e-6)
+        counts, edges = np.histogram(err.numpy(), bins=bins, range=(-lim, lim))
         mib_fp16, mib = linear_params * 2 / 2**20, linear_params * bpw / 8 / 2**20
         header.value = (f"<b>{scheme.value}</b> on {name}: {bpw:.2f} bits/weight, "
                         f"{mib:.2f} MiB vs {mib_fp16:.2f} MiB in fp16 ({mib / mib_fp16:.2f}x); "
                         f"relative RMS error {err.pow(2).mean().sqrt().item():.4f}")
         with fig.batch_update():
-            fig.data[0].x = err.numpy()
+            fig.data[0].x, fig.data[0].y = np.round((edges[:-1] + edges[1:]) / 2, 5), counts
             fig.data[1].y = [mib_fp16, mib]
             fig.layout.title.text = f"{name}: {scheme.value}"
 

@@ -50,15 +50,16 @@ def test_gguf_reader_sees_our_model(tmp_path, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["q8_0", "q4_0", "q4_k"])
 def test_llama_cpp_perplexity_matches_ours(tmp_path, target, method):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
+    from inferlab.quant import llama_cpp_runner
     model = quantized(target, method)
     path = write_gguf(model, target[1], tmp_path / "m", method)
     ids = ppl_eval.test_stream(target[1])[:512]
     ours = ppl_eval.evaluate(model, ids, window=512)["ppl"]
-    llm = llama_cpp.Llama(str(path), n_ctx=512, n_batch=512, logits_all=True, n_threads=1, verbose=False)
-    llm.eval(ids.tolist())
-    logits = torch.tensor(np.asarray(llm.scores[: len(ids)]), dtype=torch.float32)
-    llm.close()
-    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.as_tensor(ids[1:]))
-    theirs = math.exp(nll.item())
+    try:
+        theirs = math.exp(llama_cpp_runner.run(path, ids.tolist())["nll"])
+    except llama_cpp_runner.LlamaCppError as exc:
+        if "SIGILL" in str(exc):
+            pytest.skip(str(exc))  # a build for another CPU: an environment problem, said plainly
+        raise
     assert abs(theirs / ours - 1) < 0.02, f"llama.cpp {theirs:.3f} vs inferlab {ours:.3f}"
