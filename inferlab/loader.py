@@ -1,6 +1,7 @@
 """Load and save HF-format checkpoints: config.json + safetensors (+ index) + tokenizer.json.
 
-Weights are read with ``safetensors`` only. Pickle files (``pytorch_model.bin``, ``.pt``) can run
+Weights are read with ``safetensors`` only. Mixtral's expert tensors load in the hub's per-expert
+form and in transformers 5's fused form (``inferlab.moe`` maps the names). Pickle files (``pytorch_model.bin``, ``.pt``) can run
 arbitrary code when loaded, so inferlab refuses them and says how to convert.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inferlab import moe
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
@@ -113,14 +115,21 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
                     continue  # a buffer older transformers saved; recomputed from the config
                 if key == "lm_head.weight" and config.tie_word_embeddings:
                     continue
-                if key not in shapes:
-                    unexpected.append(key)
-                    continue
-                shape = tuple(f.get_slice(key).get_shape())
-                if shape != shapes[key]:
-                    raise CheckpointError(f"{folder}: weight {key} has shape {shape}, "
-                                          f"the config implies {shapes[key]}")
-                tensors[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                if config.num_local_experts and moe.is_fused_expert_key(key):  # transformers 5's fused experts
+                    parts = moe.split_fused(key, f.get_tensor(key))
+                else:
+                    name = moe.from_hf_name(key) if config.num_local_experts else key
+                    if name not in shapes:
+                        unexpected.append(key)
+                        continue
+                    parts = {name: f.get_slice(key)}
+                for name, part in parts.items():
+                    shape = tuple(part.shape) if isinstance(part, torch.Tensor) else tuple(part.get_shape())
+                    if shape != shapes.get(name):
+                        raise CheckpointError(f"{folder}: weight {key} has shape {shape}, "
+                                              f"the config implies {shapes.get(name)}")
+                    part = part if isinstance(part, torch.Tensor) else f.get_tensor(key)
+                    tensors[name] = part.to(device=device, dtype=dtype)
     missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(unexpected)
     if missing or unexpected:
         raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
@@ -153,7 +162,8 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
         state = model.checkpoint_state_dict()
         if dtype is not None:
             cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-        tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
+        rename = moe.to_hf_name if model.config.num_local_experts else str  # Mixtral: the hub's names
+        tensors = {rename(k): v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if tokenizer is not None:
