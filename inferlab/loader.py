@@ -25,7 +25,7 @@ from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
 
 ASSETS = Path(__file__).parent / "assets" / "models"
-EMBEDDED_MODELS = ("target", "draft")
+EMBEDDED_MODELS = ("target", "draft", "moe", "mha", "gqa", "mqa")  # the last four: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 

@@ -90,15 +90,30 @@ class SparseMoeBlock(nn.Module):
         x = hidden.reshape(-1, hidden.shape[-1])                       # [N, D]
         self.router_logits = self.gate(x)                              # [N, E]
         weights, experts = route(self.router_logits, self.top_k)       # [N, k] each
-        flat = experts.reshape(-1)                                     # one row per (token, choice)
-        order = torch.argsort(flat, stable=True)                       # group the rows by expert
-        token = order // self.top_k                                    # which token each row reads
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        grouped = x[token]
-        outputs = [self.experts[e](rows) for e, rows in enumerate(grouped.split(counts)) if counts[e]]
-        y = torch.cat(outputs) * weights.reshape(-1)[order, None].to(x.dtype)
-        out = torch.zeros_like(x).index_add_(0, token, y)              # weighted sum back per token
-        return out.view_as(hidden)
+        return dispatch(x, weights, experts, lambda e, rows: self.experts[e](rows)).view_as(hidden)
+
+
+def dispatch(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, expert_fn) -> torch.Tensor:
+    """Grouped dispatch: ``y[n] = sum_j weights[n, j] * expert_fn(experts[n, j], x[n])``, computed
+    with one call of ``expert_fn(e, rows)`` per expert on all the rows routed to it."""
+    top_k = experts.shape[1]
+    flat = experts.reshape(-1)                                         # one row per (token, choice)
+    order = torch.argsort(flat, stable=True)                           # group the rows by expert
+    token = order // top_k                                             # which token each row reads
+    counts = torch.bincount(flat, minlength=int(flat.max()) + 1 if flat.numel() else 0).tolist()
+    outputs = [expert_fn(e, rows) for e, rows in enumerate(x[token].split(counts)) if counts[e]]
+    if not outputs:
+        return torch.zeros_like(x)
+    y = torch.cat(outputs) * weights.reshape(-1)[order, None].to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, token, y)                 # weighted sum back per token
+
+
+def sparse_moe_forward(x: torch.Tensor, gate_weight: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                       w3: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The whole block as a function of its weights: x [N, D], gate_weight [E, D], w1 and w3
+    [E, F, D], w2 [E, D, F] (Mixtral's per-expert matrices stacked) -> [N, D]."""
+    weights, experts = route(F.linear(x, gate_weight), top_k)
+    return dispatch(x, weights, experts, lambda e, rows: F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
 
 
 def moe_blocks(model: nn.Module) -> list[SparseMoeBlock]:

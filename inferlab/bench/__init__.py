@@ -7,6 +7,7 @@ from __future__ import annotations
 
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
+    "gqa": ("inferlab.bench.gqa", "MHA vs GQA vs MQA: KV bytes, sequences per KV budget, decode speed, perplexity"),
 }
 
 
