@@ -73,6 +73,15 @@ def routing_stats(model, ids: np.ndarray, tokens: int = 8192, seq_len: int = 512
             "aux_loss": round(moe.load_balancing_loss([b.router_logits for b in blocks], e, k).item(), 4)}
 
 
+def load_curve(loss_log: Path, every: int = 10) -> list[list[float]]:
+    """[step, busiest expert's share x E] every ``every`` steps, from the training log."""
+    if not loss_log.exists():
+        return []
+    rows = [json.loads(line) for line in loss_log.read_text().splitlines() if line.strip()]
+    last = {r["step"]: r["max_expert_load"] for r in rows if "max_expert_load" in r}  # a resumed run repeats steps
+    return [[step, round(v, 3)] for step, v in sorted(last.items()) if step % every == 0]
+
+
 def per_token_costs(cfg) -> dict:
     """Parameters, FLOPs and weight bytes (fp16) of one decode token at batch 1, embeddings aside
     for FLOPs (a lookup) but not for the lm_head (a matmul)."""
@@ -104,10 +113,11 @@ def finish(out_dir: Path, run_dir: Path, names: list[str], corpus_info: dict, ar
                    "training": json.loads(summary_path.read_text()) if summary_path.exists() else {}}
         if model.config.num_local_experts:
             metrics["routing"] = routing_stats(model, ids)
+            metrics["load_during_training"] = load_curve(run_dir / n / "loss.jsonl")
             other = model_folder("moe_noaux" if n == "moe" else "moe", out_dir, run_dir)
             if n == "moe" and (other / "metrics.json").exists():
                 metrics["without_aux_loss"] = {k: json.loads((other / "metrics.json").read_text())[k]
-                                               for k in ("test_ppl", "routing", "training")}
+                                               for k in ("test_ppl", "routing", "training", "load_during_training")}
         src = out_dir / "mha"
         if n in ("gqa", "mqa") and (src / "config.json").exists():
             pooled = mean_pool_kv_heads(load_checkpoint(src, device="cpu", dtype=torch.float32)[0],

@@ -120,6 +120,13 @@ def moe_blocks(model: nn.Module) -> list[SparseMoeBlock]:
     return [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
 
 
+def expected_experts_touched(num_experts: int, top_k: int, batch: int) -> float:
+    """How many distinct experts a batch of tokens uses per layer, if each token picks ``top_k``
+    of ``num_experts`` uniformly: ``E * (1 - (1 - k/E)^B)``. At batch 1 a decode step reads k
+    experts' weights; by batch ~E/k * 3 it reads nearly all of them."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** batch)
+
+
 def active_parameters(cfg: ModelConfig) -> int:
     """Parameters one token uses: everything but the experts it was not routed to."""
     idle = cfg.num_local_experts - cfg.num_experts_per_tok if cfg.num_local_experts else 0
