@@ -46,7 +46,7 @@ def routing_view(model, tokenizer, snippets: dict[str, str], layer: int = 0) -> 
     def redraw(*_):
         r = route_text(model, tokenizer, snippets[pick.value])
         z = r["layers"][layer_box.value].T  # [E, T]
-        z = z.masked_fill(z == 0, float("nan")).tolist()
+        z = [[v if v > 0 else None for v in row] for row in z.tolist()]  # blank = not chosen (JSON has no NaN)
         labels = _token_labels(r["tokens"])
         chosen = (r["layers"][layer_box.value] > 0).sum(0).tolist()
         with fig.batch_update():
