@@ -36,7 +36,7 @@ def card(name: str, cfg: ModelConfig, m: dict) -> str:
     if "without_aux_loss" in m:
         w = m["without_aux_loss"]
         rows.append(("same, trained without the load-balancing loss", f"{w['routing']['max_expert_load']} "
-                                                                    f"(perplexity {w['test_ppl']:.2f})"))
+                     f"(perplexity {w['test_ppl']:.2f} after {w['training'].get('steps')} steps)"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     steps = t.get("steps")
     how = (f"`inferlab train --models {name}` (from `mha`, {steps} steps: 5% of its training)"
