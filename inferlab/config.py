@@ -16,6 +16,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
 }
 
 
@@ -41,6 +42,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     hidden_act: str = "silu"
+    # mixture of experts (Mixtral): 0 experts means a dense MLP in every layer
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.0  # weight of the load-balancing loss in training
 
     @property
     def model_type(self) -> str:
@@ -52,7 +57,9 @@ class ModelConfig:
         d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
-        layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        experts = self.num_local_experts or 1
+        router = d * self.num_local_experts
+        layer = d * (q + 2 * kv) + q * d + experts * 3 * d * f + router + 2 * d
         return v * d * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + d
 
     @classmethod
@@ -75,6 +82,9 @@ class ModelConfig:
         else:
             attn_bias = o_bias = bool(raw.get("attention_bias", False))
         window = raw.get("sliding_window")
+        if kind == "mixtral" and raw.get("num_experts_per_tok", 2) > raw.get("num_local_experts", 8):
+            raise CheckpointError("num_experts_per_tok exceeds num_local_experts in config.json: "
+                                  "each token can choose at most every expert")
         if kind == "qwen2":
             if raw.get("use_sliding_window", False):  # Qwen2 windows only some layers
                 raise CheckpointError("Qwen2 with use_sliding_window=true (a window on some layers only) "
@@ -106,6 +116,9 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             hidden_act=act,
+            **({"num_local_experts": raw.get("num_local_experts", 8),
+                "num_experts_per_tok": raw.get("num_experts_per_tok", 2),
+                "router_aux_loss_coef": raw.get("router_aux_loss_coef", 0.001)} if kind == "mixtral" else {}),
         )
 
     @classmethod
@@ -137,8 +150,11 @@ class ModelConfig:
         }
         if self.model_type == "llama":
             out.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "mixtral"):
             out["sliding_window"] = self.sliding_window
+        if self.model_type == "mixtral":
+            out.update(num_local_experts=self.num_local_experts, num_experts_per_tok=self.num_experts_per_tok,
+                       router_aux_loss_coef=self.router_aux_loss_coef)
         if self.model_type == "qwen2":
             out.update(use_sliding_window=self.sliding_window is not None,
                        sliding_window=self.sliding_window)

@@ -1,6 +1,7 @@
 """Load and save HF-format checkpoints: config.json + safetensors (+ index) + tokenizer.json.
 
-Weights are read with ``safetensors`` only. Pickle files (``pytorch_model.bin``, ``.pt``) can run
+Weights are read with ``safetensors`` only. Mixtral's expert tensors load in the hub's per-expert
+form and in transformers 5's fused form (``inferlab.moe`` maps the names). Pickle files (``pytorch_model.bin``, ``.pt``) can run
 arbitrary code when loaded, so inferlab refuses them and says how to convert.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from inferlab import moe
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
@@ -24,7 +26,7 @@ from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
 
 ASSETS = Path(__file__).parent / "assets" / "models"
-EMBEDDED_MODELS = ("target", "draft")
+EMBEDDED_MODELS = ("target", "draft", "moe", "mha", "gqa", "mqa")  # the last four: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
@@ -128,10 +130,17 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
                     continue
                 if qcfg is not None:
                     tensors[key] = f.get_tensor(key)
-                elif key not in shapes:
-                    unexpected.append(key)
+                    continue
+                if config.num_local_experts and moe.is_fused_expert_key(key):  # transformers 5's fused experts
+                    parts = moe.split_fused(key, f.get_tensor(key))
                 else:
-                    tensors[key] = convert(key, f.get_tensor(key))
+                    name = moe.from_hf_name(key) if config.num_local_experts else key
+                    if name not in shapes:
+                        unexpected.append(key)
+                        continue
+                    parts = {name: f.get_tensor(key)}
+                for name, part in parts.items():
+                    tensors[name] = convert(name, part)
     if qcfg is not None:  # hub GPTQ/AWQ layouts -> the quantized modules' buffers
         from inferlab.quant.checkpoint import convert_checkpoint
         tensors = convert_checkpoint(qcfg, tensors)
@@ -185,7 +194,8 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
         state = model.checkpoint_state_dict()
         if dtype is not None:
             cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-        tensors = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
+        rename = moe.to_hf_name if model.config.num_local_experts else str  # Mixtral: the hub's names
+        tensors = {rename(k): v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in state.items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if tokenizer is not None:

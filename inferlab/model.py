@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) in one file.
+"""A Llama-family decoder (Llama, Mistral, Qwen2; Mixtral with ``inferlab.moe``) in one file.
 
     tokens -> embed -> N x [RMSNorm -> attention (RoPE, GQA) -> + -> RMSNorm -> SwiGLU MLP -> +]
            -> RMSNorm -> lm_head -> logits
@@ -20,6 +20,7 @@ from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttent
                                 attention_mask)
 from inferlab.config import ModelConfig
 from inferlab.linear import LinearFactory, default_linear
+from inferlab.moe import SparseMoeBlock
 from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -86,7 +87,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, idx, linear, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, linear, f"{prefix}.mlp")
+        self.mlp = SparseMoeBlock(cfg, linear, f"{prefix}.mlp") if cfg.num_local_experts else MLP(cfg, linear, f"{prefix}.mlp")
 
     def forward(self, x, cos, sin, metadata):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from inferlab import corpus
+from inferlab import arch_train, corpus
 from inferlab.config import ModelConfig
 from inferlab.errors import InferlabError
 from inferlab.loader import ASSETS, save_checkpoint
@@ -78,6 +78,14 @@ class Recipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    # mixture of experts (inferlab.moe): num_local_experts > 0 makes a Mixtral-style model
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 2
+    router_aux_loss_coef: float = 0.0
+    # GQA/MQA uptraining (inferlab.gqa): start from this shipped model, K/V heads mean-pooled,
+    # and train for this fraction of its steps (Ainslie et al. 2023 use 5%)
+    convert_from: str | None = None
+    uptrain_fraction: float = 0.05
 
 
 RECIPES = {
@@ -91,6 +99,19 @@ RECIPES = {
     "tiny": Recipe(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                    num_key_value_heads=1, lr=1e-2, batch_size=4, seq_len=64, warmup_steps=5),
 }
+# Models of notebook 06 (architecture), all the draft's size, so they compare at equal cost:
+_DRAFT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, lr=3e-3, batch_size=8)
+RECIPES.update({
+    # Mixtral-style: 8 experts of width 192, 2 per token -> the draft's active MLP width (384)
+    "moe": Recipe(**_DRAFT, intermediate_size=192, num_key_value_heads=2, num_local_experts=8,
+                  num_experts_per_tok=2, router_aux_loss_coef=0.01),
+    "moe_noaux": Recipe(**_DRAFT, intermediate_size=192, num_key_value_heads=2, num_local_experts=8,
+                        num_experts_per_tok=2, router_aux_loss_coef=0.0),
+    # the draft with one K/V head per query head, then converted to GQA (2) and MQA (1) and uptrained
+    "mha": Recipe(**_DRAFT, intermediate_size=384, num_key_value_heads=4),
+    "gqa": Recipe(**_DRAFT, intermediate_size=384, num_key_value_heads=2, convert_from="mha", warmup_steps=5),
+    "mqa": Recipe(**_DRAFT, intermediate_size=384, num_key_value_heads=1, convert_from="mha", warmup_steps=5),
+})
 TRAIN_ORDER = ("draft", "target")  # the draft is quick, so something usable ships early
 
 
@@ -110,6 +131,10 @@ def model_config(recipe: Recipe, tokenizer: Tokenizer) -> ModelConfig:
         tie_word_embeddings=True,
         bos_token_id=eot,
         eos_token_ids=(eot,),
+        architecture="MixtralForCausalLM" if recipe.num_local_experts else "LlamaForCausalLM",
+        num_local_experts=recipe.num_local_experts,
+        num_experts_per_tok=recipe.num_experts_per_tok,
+        router_aux_loss_coef=recipe.router_aux_loss_coef,
     )
 
 
@@ -120,14 +145,19 @@ def train_tokenizer(files: list[corpus.SourceFile], vocab_size: int) -> Tokenize
     return train_bpe((f.text for f in files if f.split == "train"), vocab_size)
 
 
-def prepare_data(run_dir: Path, vocab_size: int, max_files: int | None):
-    """Tokenizer and token streams per split, cached in ``run_dir`` (keyed by the corpus hash)."""
+def prepare_data(run_dir: Path, vocab_size: int, max_files: int | None, shared_tokenizer: Path | None = None):
+    """Tokenizer and token streams per split, cached in ``run_dir`` (keyed by the corpus hash).
+    Models trained beside the shipped pair reuse its tokenizer (``shared_tokenizer``) when it exists."""
     files = corpus.load_corpus(max_files=max_files)
     if not files:
         raise InferlabError(f"no source files found under {corpus.stdlib_root()}: is the standard library installed?")
     key = f"{corpus.fingerprint(files)}-v{vocab_size}"
     data_dir = run_dir / "data" / key
     tok_path = data_dir / "tokenizer.json"
+    if not tok_path.exists() and shared_tokenizer is not None and shared_tokenizer.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        tok_path.write_bytes(shared_tokenizer.read_bytes())
+        log.info("using the shipped tokenizer %s", shared_tokenizer)
     if tok_path.exists():
         tok = Tokenizer.from_file(tok_path)
         eot = tok.hf.token_to_id(EOT)
@@ -159,7 +189,7 @@ def init_weights(model: CausalLM, seed: int) -> None:
     for name, p in model.named_parameters():
         if p.dim() < 2:
             continue  # RMSNorm weights stay at 1
-        std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+        std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")) else 0.02
         with torch.no_grad():
             p.copy_(torch.randn(p.shape, generator=g) * std)
 
@@ -236,10 +266,14 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
     torch.manual_seed(args.seed)
     model = CausalLM(cfg)
     init_weights(model, args.seed)
+    if recipe.convert_from:  # GQA/MQA uptraining starts from the mean-pooled MHA model
+        model, source_steps = arch_train.converted_start(recipe, Path(args.out), run_dir)
+        args = argparse.Namespace(**{**vars(args), "steps": max(1, round(recipe.uptrain_fraction * source_steps))})
     model.train()
     # torch.compile fuses the many small elementwise ops (RMSNorm, RoPE, SwiGLU) that dominate
-    # a small model on CPU: measured ~2x faster per step here after a ~1 minute compile.
-    forward = torch.compile(model) if args.compile else model
+    # a small model on CPU: measured ~2x faster per step here after a ~1 minute compile. An MoE's
+    # data-dependent dispatch (tokens per expert) breaks the graph, so it trains eagerly.
+    forward = torch.compile(model) if args.compile and not cfg.num_local_experts else model
     opt = make_optimizer(model, recipe)
     folder = run_dir / name
     state = {"step": 0, "total_steps": args.steps, "elapsed_s": 0.0, "seed": args.seed,
@@ -285,6 +319,9 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
                 forward = model
                 logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            extra = arch_train.moe_step_stats(model) if cfg.num_local_experts else {}
+            if cfg.router_aux_loss_coef:  # Switch Transformer's load-balancing loss (inferlab.moe)
+                loss = loss + cfg.router_aux_loss_coef * extra.pop("aux_loss")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip).item()
             opt.step()
@@ -293,7 +330,8 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
             now = time.monotonic()
             ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
             loss_log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": lr,
-                                       "grad_norm": round(grad_norm, 4), "elapsed_s": round(now - t_start, 2)}) + "\n")
+                                       "grad_norm": round(grad_norm, 4), "elapsed_s": round(now - t_start, 2),
+                                       **{k: round(float(v), 5) for k, v in extra.items() if k != "aux_loss"}}) + "\n")
             bar.update(1)
             bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}", refresh=False)
             if state["total_steps"] is None:  # calibrate the step count to the wall-clock budget
@@ -477,7 +515,9 @@ after an interruption resumes from the last checkpoint. `inferlab train --help` 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inferlab train", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="draft,target", help="comma-separated, trained in this order (default: draft,target)")
+    p.add_argument("--models", default="draft,target",
+                   help="comma-separated, trained in this order (default: draft,target); notebook 06 trains "
+                        "moe, moe_noaux (ablation), mha, then gqa and mqa (uptrained from mha, 5%% of its steps)")
     p.add_argument("--budget", type=float, default=None, help="total wall-clock minutes for all models (split by recipe share)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per model (overrides --budget)")
     p.add_argument("--seed", type=int, default=0)
@@ -519,33 +559,46 @@ def setup_logging(run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    bad = [n for n in names if n not in TRAIN_ORDER]
+    known = [n for n in RECIPES if n != "tiny"]
+    bad = [n for n in names if n not in known]
     if bad or not names:
-        raise InferlabError(f"unknown model(s) {', '.join(bad) or '(none)'}: choose from {', '.join(TRAIN_ORDER)}")
+        raise InferlabError(f"unknown model(s) {', '.join(bad) or '(none)'}: choose from {', '.join(known)}")
     if args.steps is not None and args.steps < 1:
         raise InferlabError("--steps must be >= 1")
     if args.budget is not None and args.budget <= 0:
         raise InferlabError("--budget must be a positive number of minutes")
-    if args.steps is None and args.budget is None and not args.cards_only:
+    if args.steps is None and args.budget is None and not args.cards_only and \
+            not all(RECIPES[n].convert_from for n in names):  # uptraining takes its length from the source
         raise InferlabError("give --budget MINUTES (a full run: --budget 60) or --steps N (a smoke run)")
     if args.threads:
         torch.set_num_threads(args.threads)
     run_dir, out_dir = Path(args.run_dir), Path(args.out)
     setup_logging(run_dir)
     log.info("inferlab train %s", " ".join(sys.argv[1:] if argv is None else argv))
-    tok, streams, info = prepare_data(run_dir, args.vocab_size, args.max_files)
+    pair = set(names) & set(TRAIN_ORDER)
+    tok, streams, info = prepare_data(run_dir, args.vocab_size, args.max_files,
+                                      shared_tokenizer=None if pair else Path(args.out) / "target" / "tokenizer.json")
     if not args.cards_only:
         for name in names:
-            recipe = RECIPES["tiny"] if args.preset == "tiny" else RECIPES[name]
+            recipe = RECIPES[name]
+            if args.preset == "tiny":  # the toy shape, keeping the architecture (experts, K/V heads, source)
+                r = RECIPES["tiny"]
+                recipe = dataclasses.replace(recipe, **{f.name: getattr(r, f.name) for f in dataclasses.fields(r)
+                                                        if f.name not in ("num_local_experts", "num_experts_per_tok",
+                                                                          "router_aux_loss_coef", "convert_from",
+                                                                          "num_attention_heads", "num_key_value_heads")})
             cfg = model_config(recipe, tok)
             log.info("%s: %s parameters", name, f"{CausalLM(cfg).num_parameters():,}")
             model, summary = train_one(name, recipe, cfg, streams, args, run_dir)
             if not args.no_ship:
-                save_checkpoint(model, tok, out_dir / name, dtype=torch.float16,
+                dest = out_dir / name if name in TRAIN_ORDER else arch_train.model_folder(name, out_dir, run_dir)
+                save_checkpoint(model, tok, dest, dtype=torch.float16,
                                 extra_files={"tokenizer_config.json": _tokenizer_config(cfg)})
-                log.info("%s: saved to %s", name, out_dir / name)
+                log.info("%s: saved to %s", name, dest)
     if not args.no_ship:
-        finish(out_dir, run_dir, names, info, args)
+        if pair:
+            finish(out_dir, run_dir, names, info, args)
+        arch_train.finish(out_dir, run_dir, [n for n in names if n not in TRAIN_ORDER], info, args)
     return 0
 
 

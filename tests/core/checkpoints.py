@@ -23,6 +23,9 @@ VARIANTS = {
     "qwen2_bias": ("qwen2", dict(num_key_value_heads=2, tie_word_embeddings=True)),
     "mistral": ("mistral", dict(num_key_value_heads=2, sliding_window=None)),
     "mistral_window8": ("mistral", dict(num_key_value_heads=2, sliding_window=8)),
+    "mixtral_top2": ("mixtral", dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral_top1_window8": ("mixtral", dict(num_key_value_heads=1, num_local_experts=3, num_experts_per_tok=1,
+                                             sliding_window=8)),
 }
 
 
@@ -33,6 +36,7 @@ def hf_model(kind: str, **overrides):
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
     }[kind]
     torch.manual_seed(0)
     model = cls_model(cls_cfg(**{**BASE, **overrides})).eval()
@@ -53,10 +57,11 @@ def classic_rope_form(folder: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def save_variant(name: str, folder: Path, classic: bool = False):
+def save_variant(name: str, folder: Path, classic: bool = False, original_format: bool = True):
+    """``original_format=False`` keeps transformers 5's in-memory names (Mixtral: fused experts)."""
     kind, overrides = VARIANTS[name]
     model = hf_model(kind, **overrides)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, save_original_format=original_format)
     if classic:
         classic_rope_form(folder)
     return model

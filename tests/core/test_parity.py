@@ -37,10 +37,9 @@ def test_greedy_tokens_match_transformers(pair):
     hf, _, folder = pair
     llm = LLM(str(folder), device="cpu")
     prompt = [5, 17, 99, 42, 7]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
-    out = llm.generate(prompt_token_ids=[prompt],
-                       sampling_params=SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    with torch.no_grad():  # both stop at EOS (min_new_tokens would mask EOS in transformers only)
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
+    out = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(temperature=0, max_tokens=24))
     assert out[0].outputs[0].token_ids == ref[0, len(prompt):].tolist()
 
 
