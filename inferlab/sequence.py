@@ -22,7 +22,6 @@ class Sequence:
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" (eos, stop id or stop string) or "length"
-    new_text: str = ""  # text safe to stream that the last appended token made available
     detokenizer: Detokenizer | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -54,7 +53,10 @@ class Sequence:
             self._finish("stop")
         elif len(self.output_token_ids) >= p.max_tokens:
             self._finish("length")
-        self.new_text = detok.delta() if detok is not None else ""
+
+    def take_delta(self) -> str:
+        """The text that is safe to stream and was not handed out yet (see ``Detokenizer.delta``)."""
+        return self.detokenizer.delta() if self.detokenizer is not None else ""
 
     def _finish(self, reason: str) -> None:
         self.status = SequenceStatus.FINISHED

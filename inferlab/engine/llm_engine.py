@@ -184,14 +184,7 @@ class LLMEngine:
 
     def _completion(self, seq: EngineSequence) -> CompletionOutput:
         text = seq.output_text(self.tokenizer)
-        stable = text
-        if not seq.is_finished:  # hold back what may still change: a half character, a stop string's start
-            stable = text.rstrip("\ufffd")
-            hold = max((len(s) for s in seq.params.stop), default=1) - 1
-            stable = stable[:len(stable) - hold] if hold else stable
-        delta = stable[len(seq.sent_text):] if stable.startswith(seq.sent_text) else ""
-        if delta:
-            seq.sent_text += delta
+        delta = seq.take_delta()  # holds back a half character and a stop string's possible start
         ids = seq.output_token_ids
         new_ids = ids[seq.sent_tokens:]
         seq.sent_tokens = len(ids)

@@ -28,7 +28,6 @@ class EngineSequence(Sequence):
     num_computed_tokens: int = 0     # tokens whose K/V are in the cache
     num_pending_forks: int = 0       # children still to fork from this sequence after its prefill
     generator: torch.Generator | None = None
-    sent_text: str = ""              # text already handed out in a streaming delta
     sent_tokens: int = 0
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__

@@ -21,7 +21,7 @@ def replay(tokenizer, ids, **params):
     pieces = []
     for t in ids:
         seq.append_token(t, (), tokenizer)
-        pieces.append(seq.new_text)
+        pieces.append(seq.take_delta())
         if seq.is_finished:
             break
     return pieces, seq
