@@ -89,12 +89,60 @@ class StaticFigure:
         }
 
 
+#: Said above every widget's static snapshot, so a reader of the book knows why nothing moves.
+SNAPSHOT_NOTICE = ("<p class=\"inferlab-snapshot-notice\"><em>A snapshot of a live widget, as it was when "
+                   "the notebook ran. Its controls work in JupyterLab: open this notebook with "
+                   "<code>make lab</code>.</em></p>")
+#: Height (px) kept free above a figure's title for plotly's mode bar (it sits at the top right).
+MODEBAR_PX = 32
+#: One label style on every log axis: a tick per power of ten, SI prefixes past 1000 (0.1, 1, 10, 1k, 1G).
+LOG_AXIS = dict(type="log", dtick=1, exponentformat="SI", minor=dict(ticks="outside"))
+
+
+def style(fig, title: str | None = None, height: int | None = None, log_x: bool = False, log_y: bool = False):
+    """The course's figure layout: the title left-aligned below the mode bar (never under it),
+    a margin that fits both, and one label style on log axes. Returns ``fig``."""
+    height = int(height or fig.layout.height or 420)
+    top = MODEBAR_PX + 40
+    fig.update_layout(height=height, margin=dict(t=top, l=70, r=20, b=50),
+                      title=dict(x=0, xanchor="left", xref="paper", yref="container", yanchor="top",
+                                 y=1 - MODEBAR_PX / height, font=dict(size=16)))
+    if title is not None:
+        fig.update_layout(title_text=title)
+    if log_x:
+        fig.update_xaxes(**LOG_AXIS)
+    if log_y:
+        fig.update_yaxes(**LOG_AXIS)
+    return fig
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def update_traces(fig, traces: dict[int, dict], layout: dict | None = None) -> None:
+    """Set properties of several traces of a ``FigureWidget`` (and its layout) in one message.
+
+    ``traces`` maps a trace index to its new properties, ``layout`` holds dotted layout paths
+    (``{"title.text": ...}``). Do not use ``fig.batch_update()`` for this: it sends a property
+    only for the traces where its value changed and marks the other traces in the same message
+    as ``undefined``, which plotly.js applies as "no value" (a decode point whose x did not
+    change lost its x and vanished). Here every listed trace gets every listed property.
+    """
+    index = sorted(traces)
+    keys = sorted({key for props in traces.values() for key in props})
+    restyle = {key: [_plain(traces[i][key] if key in traces[i] else fig.data[i][key]) for i in index]
+               for key in keys}
+    fig.plotly_update(restyle_data=restyle, relayout_data=dict(layout or {}), trace_indexes=index)
+
+
 class Live:
     """A live widget (controls + a ``go.FigureWidget``) that also carries a static snapshot.
 
-    In JupyterLab the widget view wins and every control redraws the figure through the kernel.
-    Where no kernel exists (the book), the ``text/html`` snapshot shows the figure as it was when
-    the cell ran, with the ``header`` widget's HTML (a readout of the numbers) above it.
+    In JupyterLab the widget view wins and every control redraws the figure through the kernel
+    (redraw with :func:`update_traces`). Where no kernel exists (the book), the ``text/html``
+    snapshot shows the figure as it was when the cell ran, under a notice that says so and the
+    ``header`` widget's HTML (a readout of the numbers).
     """
 
     def __init__(self, widget, figure: go.FigureWidget, header=None, description: str = "live figure"):
@@ -103,7 +151,7 @@ class Live:
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
         top = f"<div>{self.header.value}</div>\n" if self.header is not None else ""
-        bundle["text/html"] = top + figure_html(self.figure)
+        bundle["text/html"] = SNAPSHOT_NOTICE + "\n" + top + figure_html(self.figure)
         # ipywidgets' own text/plain is a repr of every child (ids, values): replace it with prose
         bundle["text/plain"] = f"<{self.description}: live in JupyterLab, a static snapshot elsewhere>"
         return bundle
