@@ -43,7 +43,7 @@ book: setup
 # Re-execute every notebook in place (stored outputs are what nbval compares and the book shows).
 # Widget state is not stored: it would embed each widget's JavaScript (megabytes) in the file.
 notebooks: setup
-	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m jupyter nbconvert --to notebook --execute --inplace \
+	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
 		--ExecutePreprocessor.record_timing=False [0-9][0-9]_*.ipynb
 
