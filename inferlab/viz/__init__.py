@@ -11,15 +11,15 @@
 copy of notebooks/ and labs/, so running notebooks and editing starters never dirties git.
 """
 from inferlab.viz.diagrams import Diagram, flowchart, mermaid, mermaid_text
-from inferlab.viz.figures import (PLOTLY_JS_PATH, SNAPSHOT_NOTICE, Live, StaticFigure, figure_html, show, style,
-                                  update_traces)
+from inferlab.viz.figures import (PLOTLY_JS_PATH, SNAPSHOT_NOTICE, FigureWidget, Live, StaticFigure, figure_html,
+                                  show, style, update_traces)
 from inferlab.viz.notebook import demo_model, progress, seed_everything, tiny_random_model
 from inferlab.viz.numbers import count, number, percent, si
 from inferlab.viz.roofline_plot import above_roof, attainable_flops, roof_share, roofline_calculator, roofline_figure
 
 __all__ = [
     "Diagram", "flowchart", "mermaid", "mermaid_text",
-    "PLOTLY_JS_PATH", "SNAPSHOT_NOTICE", "Live", "StaticFigure", "figure_html", "show", "style", "update_traces",
+    "PLOTLY_JS_PATH", "SNAPSHOT_NOTICE", "FigureWidget", "Live", "StaticFigure", "figure_html", "show", "style", "update_traces",
     "count", "number", "percent", "si",
     "demo_model", "progress", "seed_everything", "tiny_random_model",
     "above_roof", "attainable_flops", "roof_share", "roofline_calculator", "roofline_figure",

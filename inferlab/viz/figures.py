@@ -116,6 +116,27 @@ def style(fig, title: str | None = None, height: int | None = None, log_x: bool 
     return fig
 
 
+class FigureWidget(go.FigureWidget):
+    """``go.FigureWidget`` whose traces and layout travel in the message that creates it.
+
+    plotly opens the widget's channel to the browser first and sends the figure in a second
+    message; a busy browser still loading the widget's JavaScript can miss that one and draw an
+    empty plot (no traces, "Click to enter Plot title"). Holding the channel until the figure is
+    complete puts everything in the first message.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self._inferlab_hold_open = True
+        super().__init__(*args, **kwargs)
+        self._inferlab_hold_open = False
+        self.open()
+
+    def open(self):
+        if getattr(self, "_inferlab_hold_open", False):
+            return
+        super().open()
+
+
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 

@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from inferlab import roofline
-from inferlab.viz.figures import Live, style, update_traces
+from inferlab.viz.figures import FigureWidget, Live, style, update_traces
 from inferlab.viz.numbers import count, number, percent, si
 
 PRECISIONS = {"fp32": 32, "fp16 / bf16": 16, "int8": 8, "int4": 4}
@@ -136,7 +136,7 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
                      marker=dict(size=14, symbol="diamond"), **traces[2])
     base.add_scatter(mode="markers+text", name="measured", textposition="top center",
                      marker=dict(size=12, symbol="x"), **traces[3])
-    fig = go.FigureWidget(base)
+    fig = FigureWidget(base)
 
     def redraw(*_):
         traces, title = state()

@@ -309,13 +309,27 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
             graded = _kernel_output(page, f"!inferlab grade ../{LAB} --quiet")
             assert "score: 0/" in graded, graded  # the untouched starter, graded in the workspace
             # "Your turn" opens the lab's README in JupyterLab (not a 404)
-            link = page.locator(f".jp-RenderedMarkdown a[href='../{LAB}/README.md']").first
+            link = page.locator(".jp-RenderedMarkdown a", has_text="Lab 00 · the roofline model").first
             link.scroll_into_view_if_needed()
             link.click()
             page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.context"
                                    f" && window.jupyterapp.shell.currentWidget.context.path === '{LAB}/README.md'",
                                    timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_lab_readme.png"))
+
+            # ... and from a JupyterLab terminal, which opens in the workspace beside labs/
+            assert page.evaluate("() => window.jupyterapp.commands.hasCommand('terminal:create-new')"), \
+                "JupyterLab has no terminals (is jupyter_server_terminals installed and enabled?)"
+            page.evaluate("() => window.jupyterapp.commands.execute('terminal:create-new')")
+            page.locator(".jp-Terminal .xterm-helper-textarea").last.focus()
+            page.wait_for_timeout(1500)  # the shell prints its prompt
+            page.keyboard.type(f"inferlab grade {LAB} --quiet > terminal-grade.txt 2>&1\n", delay=5)
+            result = workspace / "terminal-grade.txt"
+            deadline = time.monotonic() + 90
+            while not (result.exists() and "score:" in result.read_text()) and time.monotonic() < deadline:
+                page.wait_for_timeout(500)
+            assert result.exists() and "score: 0/" in result.read_text(), \
+                result.read_text() if result.exists() else "the terminal never ran the grader"
         except BaseException:
             if page is not None:  # keep what the browser showed, for whoever reads the failure
                 page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_failure.png"))

@@ -172,3 +172,19 @@ def test_figures_keep_the_title_clear_of_the_mode_bar():
     assert fig.layout.margin.t > viz.figures.MODEBAR_PX + 20
     for axis in (fig.layout.xaxis, fig.layout.yaxis):
         assert axis.type == "log" and axis.dtick == 1 and axis.exponentformat == "SI"
+
+
+def test_a_figure_widget_opens_with_its_traces(monkeypatch):
+    """The message that creates the widget in the browser already holds the figure."""
+    from ipywidgets.widgets import widget as widget_module
+
+    opened = []
+    real = widget_module.comm.create_comm
+    monkeypatch.setattr(widget_module.comm, "create_comm",
+                        lambda **kwargs: opened.append(kwargs["data"]["state"]) or real(**kwargs))
+    live = viz.roofline_calculator(roofline.PRESETS, start="H100 SXM")
+    state = next(s for s in opened if s.get("_model_name") == "AnyModel" and "_widget_data" in s)
+    assert [t["name"] for t in state["_widget_data"]][:2] == ["H100 SXM roofline", "decode step"]
+    assert state["_widget_data"][1]["x"] == [1.0]
+    assert state["_widget_layout"]["title"]["text"].startswith("Roofline: H100 SXM")
+    assert live.figure.comm is not None
