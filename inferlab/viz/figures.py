@@ -116,57 +116,52 @@ def style(fig, title: str | None = None, height: int | None = None, log_x: bool 
     return fig
 
 
-class FigureWidget(go.FigureWidget):
-    """``go.FigureWidget`` whose traces and layout travel in the message that creates it.
+class LiveFigure:
+    """A plotly figure the kernel redraws, shown in an ipywidgets ``Output``.
 
-    plotly opens the widget's channel to the browser first and sends the figure in a second
-    message; a busy browser still loading the widget's JavaScript can miss that one and draw an
-    empty plot (no traces, "Click to enter Plot title"). Holding the channel until the figure is
-    complete puts everything in the first message.
+    ``.figure`` is a plain ``go.Figure``; ``update(traces, layout)`` changes it and sends the whole
+    figure to the browser, where JupyterLab's plotly renderer draws it. Why not plotly's
+    ``FigureWidget``: it is an anywidget, and anywidget gives a model 2 seconds to load plotly's
+    JavaScript; on a busy machine (Run All while the kernel measures) that fails and the plot
+    stays empty or frozen. And its ``batch_update()`` sends a property that did not change as
+    ``undefined`` for some traces, which plotly.js draws as no value (notebook 00's decode point
+    lost its x that way). A whole figure in one message has neither problem.
     """
 
-    def __init__(self, *args, **kwargs):
-        self._inferlab_hold_open = True
-        super().__init__(*args, **kwargs)
-        self._inferlab_hold_open = False
-        self.open()
+    def __init__(self, fig):
+        import ipywidgets as W
 
-    def open(self):
-        if getattr(self, "_inferlab_hold_open", False):
-            return
-        super().open()
+        self.figure = go.Figure(fig)
+        self.widget = W.Output()
+        self.widget.add_class("inferlab-live-figure")
+        self._send()
 
+    def update(self, traces: dict[int, dict] | None = None, layout: dict | None = None) -> None:
+        """Set trace properties (``{index: {"x": [...], ...}}``) and dotted layout paths
+        (``{"title.text": ...}``), then redraw."""
+        for index, props in (traces or {}).items():
+            self.figure.data[index].update(props)
+        if layout:
+            self.figure.plotly_relayout(dict(layout))
+        self._send()
 
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
-
-
-def update_traces(fig, traces: dict[int, dict], layout: dict | None = None) -> None:
-    """Set properties of several traces of a ``FigureWidget`` (and its layout) in one message.
-
-    ``traces`` maps a trace index to its new properties, ``layout`` holds dotted layout paths
-    (``{"title.text": ...}``). Do not use ``fig.batch_update()`` for this: it sends a property
-    only for the traces where its value changed and marks the other traces in the same message
-    as ``undefined``, which plotly.js applies as "no value" (a decode point whose x did not
-    change lost its x and vanished). Here every listed trace gets every listed property.
-    """
-    index = sorted(traces)
-    keys = sorted({key for props in traces.values() for key in props})
-    restyle = {key: [_plain(traces[i][key] if key in traces[i] else fig.data[i][key]) for i in index]
-               for key in keys}
-    fig.plotly_update(restyle_data=restyle, relayout_data=dict(layout or {}), trace_indexes=index)
+    def _send(self) -> None:
+        title = self.figure.layout.title.text or "figure"
+        self.widget.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"application/vnd.plotly.v1+json": json.loads(figure_json(self.figure)),
+                                         "text/plain": f"<plotly figure: {title}>"}},)
 
 
 class Live:
-    """A live widget (controls + a ``go.FigureWidget``) that also carries a static snapshot.
+    """A live widget (controls + a :class:`LiveFigure`) that also carries a static snapshot.
 
     In JupyterLab the widget view wins and every control redraws the figure through the kernel
-    (redraw with :func:`update_traces`). Where no kernel exists (the book), the ``text/html``
+    (a :class:`LiveFigure` redraws it). Where no kernel exists (the book), the ``text/html``
     snapshot shows the figure as it was when the cell ran, under a notice that says so and the
     ``header`` widget's HTML (a readout of the numbers).
     """
 
-    def __init__(self, widget, figure: go.FigureWidget, header=None, description: str = "live figure"):
+    def __init__(self, widget, figure: go.Figure, header=None, description: str = "live figure"):
         self.widget, self.figure, self.header, self.description = widget, figure, header, description
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):

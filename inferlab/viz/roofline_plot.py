@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from inferlab import roofline
-from inferlab.viz.figures import FigureWidget, Live, style, update_traces
+from inferlab.viz.figures import Live, LiveFigure, style
 from inferlab.viz.numbers import count, number, percent, si
 
 PRECISIONS = {"fp32": 32, "fp16 / bf16": 16, "int8": 8, "int4": 4}
@@ -136,17 +136,17 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
                      marker=dict(size=14, symbol="diamond"), **traces[2])
     base.add_scatter(mode="markers+text", name="measured", textposition="top center",
                      marker=dict(size=12, symbol="x"), **traces[3])
-    fig = FigureWidget(base)
+    plot = LiveFigure(base)
 
     def redraw(*_):
         traces, title = state()
-        update_traces(fig, traces, {"title.text": title})
+        plot.update(traces, {"title.text": title})
 
     for w in (hw_box, size, prec, bat):
         w.observe(redraw, names="value")
-    box = W.VBox([W.HBox([hw_box, prec]), W.HBox([size, bat]), header, fig])
+    box = W.VBox([W.HBox([hw_box, prec]), W.HBox([size, bat]), header, plot.widget])
     box.add_class("inferlab-roofline-calculator")
-    live = Live(box, fig, header=header, description="roofline calculator")
+    live = Live(box, plot.figure, header=header, description="roofline calculator")
 
     def place(hardware_name: str, points: list[dict]) -> None:
         """Mark measured points ({"name", "intensity", "flops"}) on ``hardware_name``'s roofline."""

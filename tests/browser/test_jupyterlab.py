@@ -242,7 +242,7 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
     for stale in ARTIFACTS.glob("jupyterlab_00*"):
         stale.unlink()
     git_before = _git_status()
-    blocked, page_errors = [], []
+    blocked, page_errors, console = [], [], []
 
     def only_loopback(route):
         req = route.request.url
@@ -261,6 +261,7 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
             context.route("**/*", only_loopback)
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
             page.goto(url, wait_until="domcontentloaded", timeout=120_000)  # what `make lab` opens
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
@@ -337,6 +338,7 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
             raise
         finally:
             context.close()
+            (ARTIFACTS / "jupyterlab_00_console.txt").write_text("\n".join(console))
     assert not page_errors, f"JavaScript errors in the page: {page_errors}"
     assert not blocked, f"the page asked for non-local resources (all blocked): {blocked[:10]}"
 
