@@ -129,10 +129,16 @@ def first_notebook(workspace: Path) -> str:
 
 
 def lab_command(workspace: str | os.PathLike, *extra: str) -> list[str]:
-    """JupyterLab serving ``workspace`` (notebooks/ and labs/ side by side), the first notebook open."""
+    """JupyterLab serving ``workspace`` (notebooks/ and labs/ side by side), the first notebook open.
+
+    Run it from inside ``workspace``: JupyterLab's terminals start in the server's own folder."""
     workspace = Path(workspace).resolve()
+    # Terminals run the user's shell as it is, not a login shell (JupyterLab's choice when it has
+    # no tty), whose /etc/profile would drop this Python's scripts, and `inferlab`, from the PATH.
+    shell = os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"
     cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}",
            f"--LabApp.default_url=/lab/tree/{first_notebook(workspace)}",
+           "--ServerApp.terminado_settings=" + json.dumps({"shell_command": [shell]}),
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # JupyterLab refuses to run as root otherwise (containers)
@@ -170,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "lab":
         dest = Path(args.dest) if args.dest else Path(args.source) / WORKSPACE
         cmd = lab_command(dest, *extra)
+        os.chdir(dest)  # terminals open in the server's folder: the workspace, beside labs/
         os.execvpe(cmd[0], cmd, lab_env())
     return 0
 

@@ -95,7 +95,7 @@ def jupyterlab(tmp_path_factory):
                          "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
                          f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={base / 'workspaces'}")
     log = open(base / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=base, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=log, stderr=subprocess.STDOUT)  # as make lab
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
