@@ -109,6 +109,16 @@ class Int4Linear(QuantLinear):
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.perm is None else x.index_select(-1, self.perm)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
+        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU, dequantize then matmul."""
+        if not x.is_cuda:
+            return super().forward(x)
+        from inferlab.kernels.w4a16_matmul import w4a16_matmul
+
+        y = w4a16_matmul(self.prepare_input(x), self.qweight, self.scales, self.zeros, self.group_size)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
     def dequantize_original_order(self) -> torch.Tensor:
         w = self.dequantize()
         if self.perm is None:

@@ -72,3 +72,16 @@ def test_agrees_with_the_quantization_package():
     got = w4a16_matmul(x, qweight.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE)).float()
     want = x.float() @ ours.to(DEVICE).T
     assert ((got - want).abs().max() / want.abs().max()).item() < (1e-5 if DEVICE == "cpu" else 1e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path runs on CUDA; the CPU dequantizes")
+def test_int4_linear_on_cuda_runs_the_fused_kernel():
+    """Int4Linear.forward on CUDA goes through this kernel and equals dequantize-then-matmul."""
+    from inferlab.quant.int4 import Int4Linear
+
+    lin = torch.nn.Linear(128, 40, bias=True)
+    q = Int4Linear.from_float(lin, group_size=32).cuda()
+    x = torch.randn(5, 128, device="cuda", dtype=torch.float16)
+    want = torch.nn.functional.linear(x.float(), q.dequantize().float(), q.bias.float())
+    got = q(x).float()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-2
