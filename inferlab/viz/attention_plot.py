@@ -56,7 +56,9 @@ def online_softmax_stepper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bl
                     row=2, col=1)
     fig.update_layout(barmode="overlay")
     fig.update_xaxes(title_text="key position", row=2, col=1)
-    plot = LiveFigure(style(fig, title, height=540))
+    style(fig, title, height=560)
+    fig.update_layout(margin=dict(t=92))  # room for the top subplot's title under the figure's
+    plot = LiveFigure(fig)
 
     def redraw(*_):
         traces, title = state()

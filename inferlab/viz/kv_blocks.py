@@ -109,8 +109,8 @@ def pool_figure(trace: list[dict], step: int = 0, cols: int = 8, selected: int |
     fig.add_bar(row=1, col=2, orientation="h", name="reserved, empty", showlegend=False,
                 marker=dict(color=EMPTY, line=dict(color="#bbb", width=1), pattern=dict(shape="/")))
     rows = -(-len(trace[0]["blocks"]) // cols)
-    style(fig, height=170 + 52 * rows)
-    fig.update_layout(barmode="stack", plot_bgcolor="white")
+    style(fig, height=190 + 52 * rows)
+    fig.update_layout(barmode="stack", plot_bgcolor="white", margin=dict(t=92))  # room for the subplot titles
     fig.add_annotation(text=LEGEND.format(bs=trace[0]["block_size"]), xref="paper", yref="paper",
                        x=0, y=-0.02, yanchor="top",
                        showarrow=False, font=dict(size=11, color="#555"), xanchor="left")

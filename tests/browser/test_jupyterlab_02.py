@@ -6,35 +6,28 @@ from __future__ import annotations
 import pytest
 
 from .test_jupyterlab import (  # noqa: F401  (fixtures are found by name)
-    ARTIFACTS, CHROMIUM_ARGS, RUN_ALL_AND_COLLECT, _figure_svg, chromium, jupyterlab)
+    ARTIFACTS, CHROMIUM_ARGS, RUN_ALL_AND_COLLECT, chromium, jupyterlab)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
-NOTEBOOK = "02_kv_cache.ipynb"
+NOTEBOOK = "notebooks/02_kv_cache.ipynb"  # in the workspace, as make lab serves it
 
-RERUN_IN_VIEW = """
-async (needle) => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  const index = panel.content.widgets.findIndex(c => c.model.sharedModel.getSource().includes(needle));
-  panel.content.activeCellIndex = index;
-  await panel.content.scrollToItem(index, "start");
-  await app.commands.execute("notebook:run-cell");
-}
-"""
 
+def _figure_svg(page, scope: str) -> str:
+    return page.locator(f"{scope} .js-plotly-plot svg.main-svg").first.inner_html()
 
 def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
+    url, _ = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     blocked, page_errors = [], []
 
     def only_loopback(route):
-        url = route.request.url
-        if url.startswith((jupyterlab, "data:", "blob:")) or url.startswith("ws://127.0.0.1"):
+        req = route.request.url
+        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
             route.continue_()
         else:
-            blocked.append(url)
+            blocked.append(req)
             route.abort()
 
     with sync_playwright() as p:
@@ -46,7 +39,7 @@ def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
             context.route("**/*", only_loopback)
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.goto(f"{jupyterlab}/lab/tree/{NOTEBOOK}", wait_until="domcontentloaded", timeout=120_000)
+            page.goto(f"{url}/lab/tree/{NOTEBOOK}", wait_until="domcontentloaded", timeout=120_000)
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
@@ -55,13 +48,13 @@ def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
             assert not errors, "cells raised:\n" + "\n\n".join(
                 f"{src!r}: {o.get('ename')}: {o.get('evalue')}" for src, o in errors)
 
-            # A FigureWidget created while its cell is scrolled out of view (Run All) can stay blank;
-            # a reader runs the cell where they see it, so run it again in view.
-            page.evaluate(RERUN_IN_VIEW, "viz.block_pool(")
+            # Drawn by Run All alone (a viz.LiveFigure): no need to run the cell again in view.
             pool = ".inferlab-block-pool"
             page.locator(pool).scroll_into_view_if_needed(timeout=60_000)
             expect(page.locator(f"{pool} .js-plotly-plot .scatterlayer .trace").first).to_be_attached(timeout=60_000)
             assert page.locator(f"{pool} .js-plotly-plot .barlayer .trace").count() == 2
+            blocks = page.locator(f"{pool} .js-plotly-plot .scatterlayer .trace").first.locator("path.point")
+            expect(blocks).to_have_count(24, timeout=30_000)  # every block of the pool, drawn by Run All alone
             expect(page.locator(".jp-OutputArea .jp-RenderedMermaid img[src^='data:image/svg+xml'], "
                                 ".jp-OutputArea .jp-RenderedMermaid svg").first).to_be_attached(timeout=30_000)
             assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0
