@@ -12,8 +12,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 NOTEBOOK = "notebooks/02_kv_cache.ipynb"  # in the workspace, as make lab serves it
 
 
-def _figure_svg(page, scope: str) -> str:
-    return page.locator(f"{scope} .js-plotly-plot svg.main-svg").first.inner_html()
+def _drawn_title(page, scope: str) -> str:
+    """The title plotly.js drew (its layout as drawn, not the kernel's)."""
+    return page.evaluate("(sel) => document.querySelector(sel + ' .js-plotly-plot')._fullLayout.title.text", scope)
 
 def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
@@ -60,16 +61,19 @@ def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
             assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0
             header = page.locator(f"{pool} .widget-html-content").first
             assert "step 4" in header.inner_text()
+            assert _drawn_title(page, pool).startswith("step 4:")
 
-            before = _figure_svg(page, pool)
             handle = page.locator(f"{pool} .widget-slider .noUi-handle").first
             handle.focus()
             for _ in range(5):
                 page.keyboard.press("ArrowRight")
+            # five steps, five whole figures: wait for the last one to be drawn, not merely the first
             page.wait_for_function(
-                """([sel, old]) => { const s = document.querySelector(sel + " .js-plotly-plot svg.main-svg");
-                                     return s && s.innerHTML !== old; }""", arg=[pool, before], timeout=30_000)
-            assert "step 9" in header.inner_text(), header.inner_text()
+                """(sel) => { const gd = document.querySelector(sel + " .js-plotly-plot");
+                              return gd && gd._fullLayout && gd._fullLayout.title.text.startsWith("step 9:"); }""",
+                arg=pool, timeout=30_000)
+            expect(header).to_contain_text("step 9", timeout=30_000)
+            expect(blocks).to_have_count(24, timeout=30_000)
             page.locator(pool).screenshot(path=str(ARTIFACTS / "jupyterlab_02_block_pool.png"))
         except BaseException:
             if page is not None:
