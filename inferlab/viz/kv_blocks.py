@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from inferlab.bench.kv import Request, replay
-from inferlab.viz.figures import Live, escape
+from inferlab.viz.figures import Live, LiveFigure, escape, style
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
            "#bcbd22", "#7f7f7f"]
@@ -109,8 +109,8 @@ def pool_figure(trace: list[dict], step: int = 0, cols: int = 8, selected: int |
     fig.add_bar(row=1, col=2, orientation="h", name="reserved, empty", showlegend=False,
                 marker=dict(color=EMPTY, line=dict(color="#bbb", width=1), pattern=dict(shape="/")))
     rows = -(-len(trace[0]["blocks"]) // cols)
-    fig.update_layout(barmode="stack", height=150 + 52 * rows, margin=dict(l=50, r=20, t=60, b=50),
-                      plot_bgcolor="white")
+    style(fig, height=190 + 52 * rows)
+    fig.update_layout(barmode="stack", plot_bgcolor="white", margin=dict(t=92))  # room for the subplot titles
     fig.add_annotation(text=LEGEND.format(bs=trace[0]["block_size"]), xref="paper", yref="paper",
                        x=0, y=-0.02, yanchor="top",
                        showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
@@ -162,12 +162,12 @@ def block_pool(trace: list[dict] | None = None, step: int | None = None, cols: i
     step = len(trace) // 2 if step is None else step
     if not 0 <= step < len(trace):
         raise ValueError(f"step {step} is outside the trace (0..{len(trace) - 1})")
-    fig = go.FigureWidget(pool_figure(trace, step, cols))
     slider = W.IntSlider(value=step, min=0, max=len(trace) - 1, description="step")
     play = W.Play(value=step, min=0, max=len(trace) - 1, interval=interval_ms, description="play")
     W.jslink((play, "value"), (slider, "value"))
     seq_box = W.Dropdown(description="sequence")
     header, table = W.HTML(), W.HTML()
+    plot = None  # drawn below from the first frame's real values, then redrawn on every control change
 
     def redraw(*_):
         snap = trace[slider.value]
@@ -182,12 +182,14 @@ def block_pool(trace: list[dict] | None = None, step: int | None = None, cols: i
                         f"cached-but-free; waste paged {w['paged_waste']:.0%} vs contiguous "
                         f"{w['contiguous_waste']:.0%}; prefix hit rate so far {s['prefix_hit_rate']:.0%}")
         table.value = block_table_html(snap, seq_box.value)
-        with fig.batch_update():
-            draw(fig, snap, cols, seq_box.value)
+        if plot is not None:
+            draw(plot.figure, snap, cols, seq_box.value)
+            plot.update()  # sends the whole figure
 
+    redraw()  # the controls' first values (the sequence box's options) before the figure is built
+    plot = LiveFigure(pool_figure(trace, step, cols, seq_box.value))
     slider.observe(redraw, names="value")
     seq_box.observe(redraw, names="value")
-    redraw()
-    box = W.VBox([W.HBox([play, slider, seq_box]), header, table, fig])
+    box = W.VBox([W.HBox([play, slider, seq_box]), header, table, plot.widget])
     box.add_class("inferlab-block-pool")
-    return Live(box, fig, header=header, description="KV block pool")
+    return Live(box, plot.figure, header=header, description="KV block pool")

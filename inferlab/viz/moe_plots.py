@@ -5,8 +5,8 @@ import plotly.graph_objects as go
 import torch
 
 from inferlab import moe, roofline
-from inferlab.viz.figures import Live, escape
-from inferlab.viz.roofline_plot import _roof_xy, roofline_figure
+from inferlab.viz.figures import Live, LiveFigure, escape, style
+from inferlab.viz.roofline_plot import roofline_figure
 
 # Mixtral-8x7B (Jiang et al. 2024): 32 layers of 8 experts (3 x 4096 x 14336 each), top-2
 MIXTRAL_8X7B = {"name": "Mixtral-8x7B", "shared": 1.60e9, "per_expert": 32 * 3 * 4096 * 14336,
@@ -39,27 +39,35 @@ def routing_view(model, tokenizer, snippets: dict[str, str], layer: int = 0) -> 
     pick = W.Dropdown(options=names, value=names[0], description="snippet")
     layer_box = W.IntSlider(value=layer, min=0, max=len(moe.moe_blocks(model)) - 1, description="layer")
     header = W.HTML()
-    fig = go.FigureWidget(go.Heatmap(z=[[0]], colorscale="Viridis", zmin=0, zmax=1, colorbar=dict(title="weight")))
-    fig.update_layout(height=330, margin=dict(l=60, r=20, t=50, b=90), yaxis=dict(title="expert", dtick=1),
-                      xaxis=dict(title="token", tickangle=-60))
 
-    def redraw(*_):
+    def state() -> tuple[dict[int, dict], str]:
+        """The heatmap's data and the title for the current snippet and layer; sets the readout."""
         r = route_text(model, tokenizer, snippets[pick.value])
         z = r["layers"][layer_box.value].T  # [E, T]
         z = [[v if v > 0 else None for v in row] for row in z.tolist()]  # blank = not chosen (JSON has no NaN)
         labels = _token_labels(r["tokens"])
         chosen = (r["layers"][layer_box.value] > 0).sum(0).tolist()
-        with fig.batch_update():
-            fig.data[0].update(z=z, x=labels, y=list(range(len(z))))
-            fig.layout.title.text = f"layer {layer_box.value}: the experts each token of {pick.value!r} went to"
         header.value = (f"{len(labels)} tokens; choices per expert in this snippet: "
                         + ", ".join(f"<b>{e}</b>: {n}" for e, n in enumerate(chosen)))
+        title = f"layer {layer_box.value}: the experts each token of {pick.value!r} went to"
+        return {0: dict(z=z, x=labels, y=list(range(len(z))))}, title
+
+    # The figure starts from the controls' real values (no placeholder for a later update to replace).
+    traces, title = state()
+    fig = go.Figure(go.Heatmap(colorscale="Viridis", zmin=0, zmax=1, colorbar=dict(title="weight"), **traces[0]))
+    fig.update_layout(yaxis=dict(title="expert", dtick=1), xaxis=dict(title="token", tickangle=-60))
+    style(fig, title, height=360)
+    fig.update_layout(margin=dict(b=90))  # room for the slanted token labels
+    plot = LiveFigure(fig)
+
+    def redraw(*_):
+        traces, title = state()
+        plot.update(traces, {"title.text": title})
 
     for w in (pick, layer_box):
         w.observe(redraw, names="value")
-    redraw()
-    box = W.VBox([W.HBox([pick, layer_box]), header, fig])
-    return Live(box, fig, header=header, description="routing view")
+    box = W.VBox([W.HBox([pick, layer_box]), header, plot.widget])
+    return Live(box, plot.figure, header=header, description="routing view")
 
 
 def expert_load_figure(loads: dict[str, list[list[float]]], num_experts: int, top_k: int) -> go.Figure:
@@ -69,9 +77,8 @@ def expert_load_figure(loads: dict[str, list[list[float]]], num_experts: int, to
         for li, row in enumerate(per_layer):
             fig.add_bar(x=[f"e{e}" for e in range(num_experts)], y=row, name=f"{label}, layer {li}")
     fig.add_hline(y=1 / num_experts, line_dash="dash", annotation_text="even share 1/E")
-    fig.update_layout(title=f"Load per expert (share of top-{top_k} choices) on held-out text", barmode="group",
-                      height=380, yaxis=dict(title="share of choices"), margin=dict(l=60, r=20, t=50, b=40))
-    return fig
+    fig.update_layout(barmode="group", yaxis=dict(title="share of choices"))
+    return style(fig, f"Load per expert (share of top-{top_k} choices) on held-out text", height=400)
 
 
 def decode_bytes(spec: dict, batch: int, bits: float = 16) -> dict:
@@ -94,27 +101,29 @@ def moe_roofline(spec: dict = MIXTRAL_8X7B, hw: str = "H100 SXM", batch: int = 1
     bat = W.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=batch, description="batch",
                             continuous_update=False)
     header = W.HTML()
-    fig = go.FigureWidget(roofline_figure(hardware, title=f"{spec['name']} decode on {hw}"))
-    for name in (f"dense {total / 1e9:.1f}B", f"{spec['name']} (MoE)", f"dense {active / 1e9:.1f}B"):
-        fig.add_scatter(x=[1], y=[1], mode="markers+text", name=name, text=[name], textposition="top center",
-                        marker=dict(size=13))
+    names = (f"dense {total / 1e9:.1f}B", f"{spec['name']} (MoE)", f"dense {active / 1e9:.1f}B")
 
-    def redraw(*_):
+    def state() -> dict[int, dict]:
+        """The three decode steps' points at the current batch; sets the readout."""
         b = bat.value
         m = decode_bytes(spec, b)
         steps = [(2 * total * b, 2 * total), (m["flops"], m["bytes"]), (2 * active * b, 2 * active)]
-        rows = []
-        with fig.batch_update():
-            xs, ys = _roof_xy(hardware)
-            fig.data[0].update(x=xs, y=ys)
-            for trace, (flops, nbytes) in zip(fig.data[1:], steps):
-                ai = flops / nbytes
-                trace.update(x=[ai], y=[hardware.attainable_flops(ai)])
-                tps = b / max(nbytes / hardware.mem_bandwidth, flops / hardware.peak_flops)  # the roofline's step time
-                rows.append(f"<b>{escape(trace.name)}</b>: reads {nbytes / 1e9:,.1f} GB, ceiling {tps:,.0f} tok/s")
+        traces, rows = {}, []
+        for i, (name, (flops, nbytes)) in enumerate(zip(names, steps), start=1):
+            ai = flops / nbytes
+            traces[i] = dict(x=[ai], y=[hardware.attainable_flops(ai)])
+            tps = b / max(nbytes / hardware.mem_bandwidth, flops / hardware.peak_flops)  # the roofline's step time
+            rows.append(f"<b>{escape(name)}</b>: reads {nbytes / 1e9:,.1f} GB, ceiling {tps:,.0f} tok/s")
         header.value = (f"batch {b}: the tokens choose on average {m['experts_touched']:.2f} of "
                         f"{spec['num_experts']} experts per layer.<br>" + "<br>".join(rows))
+        return traces
 
-    bat.observe(redraw, names="value")
-    redraw()
-    return Live(W.VBox([bat, header, fig]), fig, header=header, description="MoE on the roofline")
+    # The figure starts from the slider's real value (no placeholder for a later update to replace).
+    traces = state()
+    fig = roofline_figure(hardware, title=f"{spec['name']} decode on {hw}")
+    for i, name in enumerate(names, start=1):
+        fig.add_scatter(mode="markers+text", name=name, text=[name], textposition="top center",
+                        marker=dict(size=13), **traces[i])
+    plot = LiveFigure(fig)
+    bat.observe(lambda *_: plot.update(state()), names="value")
+    return Live(W.VBox([bat, header, plot.widget]), plot.figure, header=header, description="MoE on the roofline")

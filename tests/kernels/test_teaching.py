@@ -2,6 +2,7 @@
 and the traffic count."""
 import math
 
+import pytest
 import torch
 
 from inferlab.kernels.flash_attention import hbm_bytes, online_softmax_attention, online_softmax_trace
@@ -46,9 +47,22 @@ def test_stepper_redraws_on_the_slider():
     slider = live.widget.children[0]
     first = live.header.value
     assert "tile 1: keys 0..3" in first
+
+    def sent():  # the figure as the browser receives it (the LiveFigure's Output widget)
+        (output,) = live.widget.children[-1].outputs
+        return output["data"]["application/vnd.plotly.v1+json"]
+
+    scores, m_line, weights, exact = sent()["data"]  # the first view, before the slider moves
+    assert m_line["x"] == [-0.5, 3.5] and len(set(m_line["y"])) == 1
+    assert m_line["y"][0] == pytest.approx(max(scores["y"][:4]), abs=1e-6)  # m after one tile: the max of 4 scores
+    assert weights["y"][4:] == [0.0] * 8 and sum(weights["y"]) == pytest.approx(1.0, abs=1e-5)
+    assert scores["marker"]["color"].count("#d9d9d9") == 8 and "after tile 1 of 3" in sent()["layout"]["title"]["text"]
     slider.value = 3
     assert "tile 3: keys 8..11" in live.header.value
     assert float(live.header.value.rsplit("= ", 1)[1]) < 1e-5  # exact after the last tile
     assert float(first.rsplit("= ", 1)[1]) > 1e-3  # not after the first
-    assert sum(live.figure.data[2].y) > 0.999  # the weights of every key, summing to one
+    scores, m_line, weights, exact = sent()["data"]
+    assert m_line["x"] == [-0.5, 11.5] and m_line["y"][0] == pytest.approx(max(scores["y"]), abs=1e-6)
+    assert weights["y"] == pytest.approx(exact["y"], abs=1e-5)  # every key seen: the exact softmax
+    assert "#d9d9d9" not in scores["marker"]["color"] and "after tile 3 of 3" in sent()["layout"]["title"]["text"]
     assert "text/html" in live._repr_mimebundle_()

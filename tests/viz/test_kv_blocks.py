@@ -58,23 +58,44 @@ def test_waste_counts_shared_blocks_once():
     assert 0 <= w["paged_waste"] < w["contiguous_waste"] < 1
 
 
+def _sent_figure(live):
+    """The figure as the browser receives it: the plotly JSON in the LiveFigure's Output widget."""
+    (output,) = live.widget.children[-1].outputs
+    return output["data"]["application/vnd.plotly.v1+json"]
+
+
+def _assert_sent_shows(sent, snap):
+    """The sent figure holds ``snap``'s blocks and sequences (not placeholders, nothing undefined)."""
+    pts, bars = bp.pool_points(snap), bp._contiguous_bars(snap)
+    blocks, used, empty = sent["data"]
+    assert blocks["x"] == pts["x"] and blocks["y"] == pts["y"] and blocks["text"] == pts["text"]
+    assert blocks["marker"]["color"] == pts["color"]
+    assert used["y"] == empty["y"] == bars["y"] and used["x"] == bars["used"] and empty["x"] == bars["empty"]
+    assert sent["layout"]["title"]["text"].startswith(f"step {snap['step']}:")
+
+
 def test_widget_steps_and_shows_a_block_table():
+    import plotly.graph_objects as go
+
     trace = viz.record_trace()
     live = viz.block_pool(trace, step=4)
     bundle = live._repr_mimebundle_()
     assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= set(bundle)
     assert "step 4" in bundle["text/html"]
+    assert not any(isinstance(w, go.FigureWidget) for w in live.widget.children)  # no anywidget to time out
+    _assert_sent_shows(_sent_figure(live), trace[4])  # the first view, before any control moves
     controls = live.widget.children[0].children
     slider, seq_box = controls[1], controls[2]
     slider.value = 9
-    assert "step 9" in live.header.value and live.figure.data[0].x is not None
+    assert "step 9" in live.header.value
+    _assert_sent_shows(_sent_figure(live), trace[9])
     assert [v for _, v in seq_box.options] == sorted(trace[9]["tables"])
     seq = seq_box.options[-1][1]
     seq_box.value = seq
     table = live.widget.children[2].value
     for b in trace[9]["tables"][seq]:
         assert f"<b>{b}</b>" in table
-    gold = [i for i, c in enumerate(live.figure.data[0].marker.line.color) if c == bp.SELECTED]
+    gold = [i for i, c in enumerate(_sent_figure(live)["data"][0]["marker"]["line"]["color"]) if c == bp.SELECTED]
     assert gold == sorted(trace[9]["tables"][seq])
     with pytest.raises(ValueError, match="outside the trace"):
         viz.block_pool(trace, step=len(trace))
