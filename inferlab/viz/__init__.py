@@ -10,12 +10,12 @@ from inferlab.viz.kv_blocks import block_pool, pool_figure, record_trace
 from inferlab.viz.diagrams import Diagram, flowchart, mermaid, mermaid_text
 from inferlab.viz.figures import PLOTLY_JS_PATH, Live, StaticFigure, figure_html, show
 from inferlab.viz.notebook import demo_model, progress, seed_everything, tiny_random_model
-from inferlab.viz import moe_plots
+from inferlab.viz import batching_plots, moe_plots
 from inferlab.viz.roofline_plot import attainable_flops, roofline_calculator, roofline_figure
 
 __all__ = [
     "Diagram", "flowchart", "mermaid", "mermaid_text",
     "PLOTLY_JS_PATH", "Live", "StaticFigure", "figure_html", "show",
     "demo_model", "progress", "seed_everything", "tiny_random_model",
-    "moe_plots", "attainable_flops", "roofline_calculator", "roofline_figure",
+    "batching_plots", "moe_plots", "attainable_flops", "roofline_calculator", "roofline_figure",
 ]
