@@ -21,11 +21,12 @@ POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
 
 
 def run_traced(llm, workload: list[dict], snapshots: bool = False) -> dict:
-    """Run ``workload`` (``make_workload``'s dicts, all arriving now) through ``llm``'s engine,
+    """Run ``workload`` (``make_workload``'s dicts, all arriving now) through ``llm``'s engine (or
+    an ``LLMEngine``),
     greedy with exact output lengths. Returns the per-step ``records`` (``LLMEngine.step_record``
     plus ``kv_usage``, and a ``snapshot`` of the block pool when asked), per-request results and
     the wall time."""
-    engine = llm.llm_engine
+    engine = getattr(llm, "llm_engine", llm)
     records: list[dict] = []
 
     def hook(eng, record):
@@ -155,7 +156,7 @@ def latency_figure(runs: dict[str, dict]) -> go.Figure:
             ys = [r[key] for r in reqs if r[key] is not None]
             fig.add_box(y=ys, name=name, boxpoints="all", jitter=0.4, pointpos=0, row=1, col=col,
                         marker=dict(color=POLICY_COLORS.get(name)), showlegend=False)
-    fig.update_layout(height=340, margin=dict(l=60, r=20, t=50, b=40))
+    fig.update_layout(title="TTFT and TPOT per request, in engine steps", height=360, margin=dict(l=60, r=20, t=80, b=40))
     fig.update_yaxes(title="steps", rangemode="tozero")
     return fig
 
