@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # on a GPU machine the default PyPI build, which carries CUDA.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
 
-.PHONY: setup lab test test-fast book train clean notebooks
+.PHONY: setup lab test test-fast book train clean notebooks workspace
 
 setup: $(STAMP)
 
@@ -23,9 +23,12 @@ $(STAMP): pyproject.toml
 NBVAL := TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 	--nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=300
 
+# JupyterLab on workspace/, a git-ignored copy of notebooks/ and labs/ (made on the first run,
+# refreshed on every run without overwriting your edits: see inferlab/viz/workspace.py), so
+# running notebooks and editing starters never conflicts with `git pull`. Notebook 00 opens first;
+# `inferlab` is on the PATH of its kernels and terminals.
 lab: setup
-	cd notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.open_browser=True \
-		$(if $(filter 0,$(shell id -u)),--allow-root)
+	$(PY) -m inferlab.viz.workspace lab --ServerApp.open_browser=True
 
 test: setup
 	$(PY) -m pytest -q tests
@@ -40,12 +43,16 @@ book: setup
 # Re-execute every notebook in place (stored outputs are what nbval compares and the book shows).
 # Widget state is not stored: it would embed each widget's JavaScript (megabytes) in the file.
 notebooks: setup
-	cd notebooks && TQDM_DISABLE=1 ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m nbconvert --to notebook --execute --inplace \
 		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.store_widget_state=False \
 		--ExecutePreprocessor.record_timing=False [0-9][0-9]_*.ipynb
 
 train: setup
 	$(VENV)/bin/inferlab train
+
+# Refresh workspace/ from the course (after `git pull`) without starting JupyterLab.
+workspace: setup
+	$(PY) -m inferlab.viz.workspace sync
 
 clean:
 	rm -rf book/_build .pytest_cache

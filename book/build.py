@@ -189,6 +189,10 @@ def build(quiet: bool = True) -> Path:
     from sphinx.cmd.build import build_main
 
     prepare()
+    # Sphinx copies static files only when some page is rebuilt: refresh the ones that changed
+    if (OUT / "_static").is_dir():
+        for src in (BOOK / "_static").glob("*"):
+            _mirror(src, OUT / "_static" / src.name)
     args = ["-b", "html", str(BOOK), str(OUT)] + (["-q"] if quiet else [])
     if build_main(args) != 0:
         raise BuildError("sphinx-build failed (see the messages above)")

@@ -109,16 +109,26 @@ def run_lab(lab: str | os.PathLike, reference: bool = False) -> dict:
 
 
 def format_summary(results: dict, quiet: bool = False) -> str:
-    """The report a student reads: one line per test, the reason under each failure."""
+    """The report a student reads: one line per test, the reason under each failure.
+
+    When starter.py does not load, its error is printed once, above the tests, not under each.
+    """
     lines = []
     if not quiet:
+        from inferlab.labkit import SEE_LOAD_ERROR
+
         source = "inferlab (reference)" if results["mode"] == "reference" else "starter.py"
         lines.append(f"lab {results['lab']}: grading {source}")
-        width = max((len(t["name"]) for t in results["tests"]), default=10)
-        for t in results["tests"]:
+        tests = results["tests"]
+        load_error = any(t["output"] == SEE_LOAD_ERROR for t in tests)
+        if load_error:  # the first test carries the error itself; show it once, at the top
+            first = next(t for t in tests if t["output"] and t["output"] != SEE_LOAD_ERROR)
+            lines += ["  " + line for line in first["output"].splitlines()]
+        width = max((len(t["name"]) for t in tests), default=10)
+        for t in tests:
             mark = "PASS" if t["score"] == t["max_score"] and t["max_score"] > 0 else "FAIL"
             lines.append(f"  {mark}  {t['name']:<{width}}  {_num(t['score'])}/{_num(t['max_score'])}")
-            if mark == "FAIL" and t["output"]:
+            if mark == "FAIL" and t["output"] and not load_error:
                 lines += ["        " + line for line in t["output"].splitlines()]
     lines.append(f"score: {_num(results['score'])}/{_num(results['max_score'])}")
     return "\n".join(lines)

@@ -81,7 +81,11 @@ class Implementation:
         return self.lab_dir / STARTER_FILE
 
     def starter(self) -> ModuleType:
-        """The student's file, imported fresh once per test session."""
+        """The student's file, imported fresh once per test session.
+
+        A file that does not load (a syntax error, a failing import) raises :class:`StarterLoadError`
+        for every test, and the plugin shows its message under the first test only.
+        """
         if self._starter is None:
             name = f"_lab_starter_{self.lab_dir.name}"
             spec = importlib.util.spec_from_file_location(name, self.starter_path)
@@ -89,7 +93,11 @@ class Implementation:
                 raise FileNotFoundError(f"no {STARTER_FILE} in {self.lab_dir}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(name, None)
+                raise StarterLoadError(_load_error_text(exc)) from None
             self._starter = module
         return self._starter
 
@@ -114,6 +122,29 @@ def implementation(test_file: str, reference: str, functions) -> Implementation:
 
 class LabError(AssertionError):
     """A graded check that failed; its message is what the student reads."""
+
+
+class StarterLoadError(LabError):
+    """The student's file could not be imported: every test fails for the same reason."""
+
+
+#: What every test after the first says when starter.py does not load (the error is shown once).
+SEE_LOAD_ERROR = f"{STARTER_FILE} does not load (the error is shown once, with the first test)"
+
+
+def _load_error_text(exc: BaseException) -> str:
+    head = f"{STARTER_FILE} does not load, so no test can run. Fix this first:"
+    if isinstance(exc, SyntaxError):
+        lines = [head, f"  {type(exc).__name__}: {exc.msg} ({STARTER_FILE}, line {exc.lineno})"]
+        if exc.text:
+            code = exc.text.rstrip("\n")
+            indent = len(code) - len(code.lstrip())
+            lines.append("    " + code.strip())
+            if exc.offset:
+                lines.append("    " + " " * max(0, exc.offset - 1 - indent) + "^")
+        return "\n".join(lines)
+    where = _starter_location(exc)
+    return "\n".join([head, f"  {type(exc).__name__}: {exc}"] + ([f"  at {where}"] if where else []))
 
 
 class Mismatch(LabError):
@@ -172,11 +203,13 @@ def check(fn, *args, expected, rel: float = 1e-9, abs: float = 0.0, keys=None, *
             exc.add_note(f"while calling {call}")
         raise
     if isinstance(expected, dict):
+        keys = list(keys or expected)
+        shown = {k: expected[k] for k in keys}  # only what the student is asked to return
         if not isinstance(got, dict):
-            raise Mismatch(call, expected, got, f"expected a dict, got {type(got).__name__}")
-        for key in keys or expected:
+            raise Mismatch(call, shown, got, f"expected a dict, got {type(got).__name__}")
+        for key in keys:
             if key not in got:
-                raise Mismatch(call, expected, got, f"the result has no key {key!r}")
+                raise Mismatch(call, shown, got, f"the result has no key {key!r}")
             if not _close(expected[key], got[key], rel, abs):
                 raise Mismatch(f"{call}[{key!r}]", expected[key], got[key],
                                _relative_error(expected[key], got[key]))
@@ -278,9 +311,10 @@ def pytest_configure(config):
                                   suppress_health_check=[HealthCheck.too_slow])
         settings.load_profile("inferlab-lab")
     _session["results"] = []
+    _session["load_error_shown"] = False
 
 
-_session: dict = {"results": None}
+_session: dict = {"results": None, "load_error_shown": False}
 
 
 def _points_of(item) -> float:
@@ -295,6 +329,10 @@ def pytest_runtest_makereport(item, call):
     report.user_properties.append(("points", _points_of(item)))
     if report.failed and call.excinfo is not None:
         text = explain(call.excinfo.value)
+        if isinstance(_first_leaf(call.excinfo.value), StarterLoadError):
+            if _session.get("load_error_shown"):
+                text = SEE_LOAD_ERROR
+            _session["load_error_shown"] = True
         report.longrepr = text
         report.user_properties.append(("explanation", text))
 

@@ -50,8 +50,20 @@ class LLM:
             from inferlab.quant import quantize_model
             self.quantization_config = quantize_model(self.model, quantization, tokenizer=self.tokenizer,
                                                       progress=False)
+        self._start(backend, config, str(model))
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, attention_backend: str = "torch", **engine_knobs) -> "LLM":
+        """An ``LLM`` over a model already in memory (a converted or quantized variant, a model being
+        studied in a notebook), on the same engine; ``engine_knobs`` are ``EngineConfig``'s fields."""
+        self = cls.__new__(cls)
+        self.model, self.tokenizer = model, tokenizer
+        self._start(get_backend(attention_backend), EngineConfig(**engine_knobs), type(model).__name__)
+        return self
+
+    def _start(self, backend, config: EngineConfig, name: str) -> None:
         self.model.set_attention_backend(backend)
-        self.model_name = str(model)
+        self.model_name = name
         self.llm_engine = LLMEngine(self.model, self.tokenizer, config)
         self.last_stats: dict = {}
         self._ids = 0

@@ -81,22 +81,39 @@ def arithmetic_intensity(num_params: float, bits_per_param: float, tokens_per_we
     return decode_step_flops(num_params, tokens_per_weight_read) / weight_bytes(num_params, bits_per_param)
 
 
-def measure_this_machine(size: int = 1024, copy_mb: int = 256, repeats: int = 3,
+def measure_this_machine(size: int = 1024, copy_mb: int = 256, repeats: int = 5, min_time_s: float = 0.2,
                          dtype=torch.float32, device="cpu") -> Hardware:
-    """Measure this machine's matmul FLOP/s and memory-copy bandwidth (best of ``repeats``)."""
+    """Measure this machine's matmul FLOP/s and memory-copy bandwidth: the best of ``repeats`` runs.
+
+    Each run repeats ``size`` x ``size`` matmuls (and ``copy_mb`` MB copies) back to back for at
+    least ``min_time_s`` seconds, so one slow call (another program taking the cores for a few
+    milliseconds) cannot decide the result, and the best run is kept: the roof is an upper bound,
+    so it should come from the quietest moment. On a shared machine it can still come out low;
+    a measured point above it says so (see ``inferlab.viz.roofline_plot.above_roof``).
+    """
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
     src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     # GPU kernels run asynchronously: wait for them, or the clock measures only the launch
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    best_mm = best_cp = float("inf")
-    for i in range(repeats + 1):  # round 0 warms up (kernel selection, first-touch page faults)
-        sync(); t = time.perf_counter(); a @ b; sync(); mm = time.perf_counter() - t
-        sync(); t = time.perf_counter(); dst.copy_(src); sync(); cp = time.perf_counter() - t
-        if i > 0:
-            best_mm, best_cp = min(best_mm, mm), min(best_cp, cp)
-    flops = 2 * size**3 / best_mm
-    bandwidth = 2 * src.numel() * 4 / best_cp  # a copy reads and writes every byte
+
+    def rate(op, work: float, seconds: float) -> float:
+        """``work`` per second over calls of ``op`` repeated for at least ``seconds``."""
+        sync()
+        calls, start = 0, time.perf_counter()
+        while True:
+            op()
+            calls += 1
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return calls * work / elapsed
+
+    rate(lambda: a @ b, 0, 0)  # warm up: kernel selection, first-touch page faults
+    rate(lambda: dst.copy_(src), 0, 0)
+    flops = max(rate(lambda: a @ b, 2 * size**3, min_time_s) for _ in range(repeats))
+    bandwidth = max(rate(lambda: dst.copy_(src), 2 * src.numel() * 4, min_time_s)  # a copy reads and writes
+                    for _ in range(repeats))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     return Hardware("this machine", flops, bandwidth, float(memory))

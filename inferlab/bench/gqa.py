@@ -24,12 +24,13 @@ from inferlab.gqa import kv_bytes_per_token, max_seqs_in_budget, mean_pool_kv_he
 
 
 def _decode_time(model, prompts, new_tokens: int) -> float:
-    from inferlab.generate import generate
+    from inferlab.llm import LLM
     from inferlab.sampling import SamplingParams
 
-    params = [SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)] * len(prompts)
+    llm = LLM.from_model(model, max_num_seqs=len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     t = time.perf_counter()
-    generate(model, prompts, params, model.config.eos_token_ids)
+    llm.generate(prompt_token_ids=prompts, sampling_params=params)
     return time.perf_counter() - t
 
 

@@ -27,14 +27,14 @@ PROMPT = "def fibonacci(n):\n    "
 
 
 def _decode_tokens_per_s(model, ids, new_tokens: int, repeats: int) -> float:
-    from inferlab.generate import generate
+    from inferlab.llm import LLM
     from inferlab.sampling import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    llm = LLM.from_model(model, max_num_seqs=1)
     best = 0.0
     for _ in range(repeats + 1):  # the first run warms up
-        stats: dict = {}
-        generate(model, [ids], [params], (), None, stats)
-        best = max(best, stats["decode_tokens_per_s"])
+        llm.generate(prompt_token_ids=[ids], sampling_params=params)
+        best = max(best, llm.last_stats["decode_tokens_per_s"])
     return best
 
 

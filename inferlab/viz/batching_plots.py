@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from inferlab.sampling import SamplingParams
-from inferlab.viz.figures import Live
+from inferlab.viz.figures import Live, LiveFigure, style
 
 STATES = {"waiting": "#d9d9d9", "prefill": "#ff7f0e", "prefill chunk": "#ffbb78", "decode": "#1f77b4"}
 POLICY_COLORS = {"static": "#d62728", "continuous": "#2ca02c"}
@@ -110,8 +110,8 @@ def _timeline_traces(fig) -> None:
     for name, color in STATES.items():
         fig.add_bar(orientation="h", name=name, marker=dict(color=color, line=dict(width=0)), hoverinfo="text")
     fig.add_scatter(mode="markers", name="preempted", marker=dict(symbol="x", size=10, color="#000"))
-    fig.update_layout(barmode="overlay", height=420, bargap=0.25, margin=dict(l=60, r=20, t=50, b=40),
-                      plot_bgcolor="white", legend=dict(orientation="h", y=-0.15),
+    style(fig, height=440)
+    fig.update_layout(barmode="overlay", bargap=0.25, plot_bgcolor="white", legend=dict(orientation="h", y=-0.15),
                       xaxis=dict(title="engine step", rangemode="tozero"), yaxis=dict(title="request", autorange="reversed"))
 
 
@@ -142,8 +142,8 @@ def occupancy_figure(runs: dict[str, dict]) -> go.Figure:
                         name=f"{name} (mean {sum(sizes) / len(sizes):.2f})")
     cap = max(r["max_num_seqs"] for r in runs.values())
     fig.add_hline(y=cap, line_dash="dash", annotation_text="max_num_seqs")
-    fig.update_layout(title="Batch occupancy: sequences in each step", height=320, margin=dict(l=60, r=20, t=50, b=40),
-                      xaxis=dict(title="engine step"), yaxis=dict(title="sequences", range=[0, cap + 0.5]))
+    style(fig, "Batch occupancy: sequences in each step", 340)
+    fig.update_layout(xaxis=dict(title="engine step"), yaxis=dict(title="sequences", range=[0, cap + 0.5]))
     return fig
 
 
@@ -156,7 +156,7 @@ def latency_figure(runs: dict[str, dict]) -> go.Figure:
             ys = [r[key] for r in reqs if r[key] is not None]
             fig.add_box(y=ys, name=name, boxpoints="all", jitter=0.4, pointpos=0, row=1, col=col,
                         marker=dict(color=POLICY_COLORS.get(name)), showlegend=False)
-    fig.update_layout(title="TTFT and TPOT per request, in engine steps", height=360, margin=dict(l=60, r=20, t=80, b=40))
+    style(fig, "TTFT and TPOT per request, in engine steps", 400)
     fig.update_yaxes(title="steps", rangemode="tozero")
     return fig
 
@@ -171,8 +171,8 @@ def kv_usage_figure(runs: dict[str, dict]) -> go.Figure:
         if pre:
             fig.add_scatter(x=pre, y=[use[s] for s in pre], mode="markers", name=f"{name}: preemption",
                             marker=dict(symbol="x", size=10, color="#000"))
-    fig.update_layout(title="KV pool usage per step", height=320, margin=dict(l=60, r=20, t=50, b=40),
-                      xaxis=dict(title="engine step"), yaxis=dict(title="blocks held / pool", range=[0, 1.05], tickformat=".0%"))
+    style(fig, "KV pool usage per step", 340)
+    fig.update_layout(xaxis=dict(title="engine step"), yaxis=dict(title="blocks held / pool", range=[0, 1.05], tickformat=".0%"))
     return fig
 
 
@@ -183,18 +183,18 @@ def timeline_view(runs: dict[str, dict], first: str | None = None) -> Live:
     names = list(runs)
     pick = W.ToggleButtons(options=names, value=first or names[0], description="policy")
     header = W.HTML()
-    fig = go.FigureWidget()
-    _timeline_traces(fig)
+    live = LiveFigure(timeline_figure(runs[pick.value]))
 
     def redraw(*_):
         run = runs[pick.value]
         sizes = batch_sizes(run)
-        with fig.batch_update():
-            _fill_timeline(fig, run, None)
+        new = timeline_figure(run)
+        traces = {i: {k: v for k, v in t.to_plotly_json().items() if k != "type"} for i, t in enumerate(new.data)}
+        live.update(traces, {"title.text": new.layout.title.text, "yaxis.categoryarray": list(run["requests"])})
         header.value = (f"<b>{run['policy']}</b>: {run['num_steps']} steps for {len(run['requests'])} requests, "
                         f"mean batch {sum(sizes) / len(sizes):.2f} of {run['max_num_seqs']}, "
                         f"{run['num_preemptions']} preemptions")
 
     pick.observe(redraw, names="value")
     redraw()
-    return Live(W.VBox([pick, header, fig]), fig, header=header, description="batching timeline")
+    return Live(W.VBox([pick, header, live.widget]), live.figure, header=header, description="batching timeline")

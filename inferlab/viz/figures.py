@@ -89,21 +89,85 @@ class StaticFigure:
         }
 
 
-class Live:
-    """A live widget (controls + a ``go.FigureWidget``) that also carries a static snapshot.
+#: Said above every widget's static snapshot, so a reader of the book knows why nothing moves.
+SNAPSHOT_NOTICE = ("<p class=\"inferlab-snapshot-notice\"><em>A snapshot of a live widget, as it was when "
+                   "the notebook ran. Its controls work in JupyterLab: open this notebook with "
+                   "<code>make lab</code>.</em></p>")
+#: Height (px) kept free above a figure's title for plotly's mode bar (it sits at the top right).
+MODEBAR_PX = 32
+#: One label style on every log axis: a tick per power of ten, SI prefixes past 1000 (0.1, 1, 10, 1k, 1G).
+LOG_AXIS = dict(type="log", dtick=1, exponentformat="SI", minor=dict(ticks="outside"))
 
-    In JupyterLab the widget view wins and every control redraws the figure through the kernel.
-    Where no kernel exists (the book), the ``text/html`` snapshot shows the figure as it was when
-    the cell ran, with the ``header`` widget's HTML (a readout of the numbers) above it.
+
+def style(fig, title: str | None = None, height: int | None = None, log_x: bool = False, log_y: bool = False):
+    """The course's figure layout: the title left-aligned below the mode bar (never under it),
+    a margin that fits both, and one label style on log axes. Returns ``fig``."""
+    height = int(height or fig.layout.height or 420)
+    top = MODEBAR_PX + 40
+    fig.update_layout(height=height, margin=dict(t=top, l=70, r=20, b=50),
+                      title=dict(x=0, xanchor="left", xref="paper", yref="container", yanchor="top",
+                                 y=1 - MODEBAR_PX / height, font=dict(size=16)))
+    if title is not None:
+        fig.update_layout(title_text=title)
+    if log_x:
+        fig.update_xaxes(**LOG_AXIS)
+    if log_y:
+        fig.update_yaxes(**LOG_AXIS)
+    return fig
+
+
+class LiveFigure:
+    """A plotly figure the kernel redraws, shown in an ipywidgets ``Output``.
+
+    ``.figure`` is a plain ``go.Figure``; ``update(traces, layout)`` changes it and sends the whole
+    figure to the browser, where JupyterLab's plotly renderer draws it. Why not plotly's
+    ``FigureWidget``: it is an anywidget, and anywidget gives a model 2 seconds to load plotly's
+    JavaScript; on a busy machine (Run All while the kernel measures) that fails and the plot
+    stays empty or frozen. And its ``batch_update()`` sends a property that did not change as
+    ``undefined`` for some traces, which plotly.js draws as no value (notebook 00's decode point
+    lost its x that way). A whole figure in one message has neither problem.
     """
 
-    def __init__(self, widget, figure: go.FigureWidget, header=None, description: str = "live figure"):
+    def __init__(self, fig):
+        import ipywidgets as W
+
+        self.figure = go.Figure(fig)
+        self.widget = W.Output()
+        self.widget.add_class("inferlab-live-figure")
+        self._send()
+
+    def update(self, traces: dict[int, dict] | None = None, layout: dict | None = None) -> None:
+        """Set trace properties (``{index: {"x": [...], ...}}``) and dotted layout paths
+        (``{"title.text": ...}``), then redraw."""
+        for index, props in (traces or {}).items():
+            self.figure.data[index].update(props)
+        if layout:
+            self.figure.plotly_relayout(dict(layout))
+        self._send()
+
+    def _send(self) -> None:
+        title = self.figure.layout.title.text or "figure"
+        self.widget.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"application/vnd.plotly.v1+json": json.loads(figure_json(self.figure)),
+                                         "text/plain": f"<plotly figure: {title}>"}},)
+
+
+class Live:
+    """A live widget (controls + a :class:`LiveFigure`) that also carries a static snapshot.
+
+    In JupyterLab the widget view wins and every control redraws the figure through the kernel
+    (a :class:`LiveFigure` redraws it). Where no kernel exists (the book), the ``text/html``
+    snapshot shows the figure as it was when the cell ran, under a notice that says so and the
+    ``header`` widget's HTML (a readout of the numbers).
+    """
+
+    def __init__(self, widget, figure: go.Figure, header=None, description: str = "live figure"):
         self.widget, self.figure, self.header, self.description = widget, figure, header, description
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
         top = f"<div>{self.header.value}</div>\n" if self.header is not None else ""
-        bundle["text/html"] = top + figure_html(self.figure)
+        bundle["text/html"] = SNAPSHOT_NOTICE + "\n" + top + figure_html(self.figure)
         # ipywidgets' own text/plain is a repr of every child (ids, values): replace it with prose
         bundle["text/plain"] = f"<{self.description}: live in JupyterLab, a static snapshot elsewhere>"
         return bundle

@@ -14,11 +14,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from inferlab import roofline
-from inferlab.viz.figures import Live
+from inferlab.viz.figures import Live, LiveFigure, style
+from inferlab.viz.numbers import count, number, percent, si
 
 PRECISIONS = {"fp32": 32, "fp16 / bf16": 16, "int8": 8, "int4": 4}
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 _X_RANGE = (0.05, 20000.0)  # FLOP/byte shown on the x axis
+ABOVE_ROOF_TOLERANCE = 1.02  # a measured point this far above its roof is flagged, never drawn silently
 
 
 def _roof_xy(hw: roofline.Hardware):
@@ -31,33 +33,55 @@ def attainable_flops(hw: roofline.Hardware, intensity: float) -> float:
     return hw.attainable_flops(intensity)
 
 
+def roof_share(hw: roofline.Hardware, point: dict) -> float:
+    """A measured point's FLOP/s as a fraction of the roof at its intensity (above 1: above the roof)."""
+    return point["flops"] / hw.attainable_flops(point["intensity"])
+
+
+def above_roof(hw: roofline.Hardware, points: list[dict]) -> list[dict]:
+    """The points drawn above ``hw``'s roof. The roof is an upper bound, so such a point means the
+    roof was measured too low (the machine was busier when it was measured), not a faster model."""
+    return [p for p in points if roof_share(hw, p) > ABOVE_ROOF_TOLERANCE]
+
+
+def _label(hw: roofline.Hardware, point: dict) -> str:
+    share = roof_share(hw, point)
+    if share > ABOVE_ROOF_TOLERANCE:
+        return f"{point['name']}: {percent(share)} of the roof (above it: the roof was measured low)"
+    return point["name"]
+
+
 def roofline_figure(hw: roofline.Hardware, points: list[dict] | None = None, title: str | None = None,
-                    height: int = 420) -> go.Figure:
-    """A log-log roofline for ``hw``; ``points`` = [{"name", "intensity", "flops"}] are marked on it."""
+                    height: int = 440) -> go.Figure:
+    """A log-log roofline for ``hw``; ``points`` = [{"name", "intensity", "flops"}] are marked on it.
+
+    A point above the roof is labelled as such (with its share of the roof), never drawn silently.
+    """
     fig = go.Figure()
     xs, ys = _roof_xy(hw)
     fig.add_scatter(x=xs, y=ys, mode="lines", name=f"{hw.name} roofline", line=dict(width=3))
     for p in points or []:
-        fig.add_scatter(x=[p["intensity"]], y=[p["flops"]], mode="markers+text", name=p["name"],
+        fig.add_scatter(x=[p["intensity"]], y=[p["flops"]], mode="markers+text", name=_label(hw, p),
                         text=[p["name"]], textposition="top center", marker=dict(size=12))
-    fig.update_layout(
-        title=title or f"Roofline: {hw.name}", height=height, margin=dict(l=60, r=20, t=50, b=50),
-        xaxis=dict(type="log", title="arithmetic intensity (FLOP / byte)", range=np.log10(_X_RANGE).tolist()),
-        yaxis=dict(type="log", title="attainable FLOP/s"), legend=dict(orientation="h", y=-0.25),
-    )
-    return fig
+    fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP / byte)", range=np.log10(_X_RANGE).tolist()),
+                      yaxis=dict(title="attainable FLOP/s"), legend=dict(orientation="h", y=-0.25))
+    return style(fig, title or f"Roofline: {hw.name}", height=height, log_x=True, log_y=True)
 
 
-def _readout(hw, params, bits, batch) -> tuple[str, dict]:
+def _readout(hw, params, bits, batch, points=()) -> tuple[str, dict]:
     r = roofline.decode_tokens_per_s(hw, params, bits, batch)
-    gb = roofline.weight_bytes(params, bits) / 1e9
-    fits = roofline.weight_bytes(params, bits) <= hw.memory_bytes if hw.memory_bytes else True
-    text = (f"<b>{params / 1e9:g}B parameters at {bits} bits</b>: {gb:,.1f} GB of weights read per decode step"
+    nbytes = roofline.weight_bytes(params, bits)
+    fits = nbytes <= hw.memory_bytes if hw.memory_bytes else True
+    text = (f"<b>{count(params)} parameters at {bits} bits</b>: {si(nbytes, 'B')} of weights read per decode step"
             f"{'' if fits else ' <i>(does not fit in this device memory)</i>'}.<br>"
-            f"Decode ceiling on <b>{hw.name}</b>: <b>{r['tokens_per_s']:,.1f} tokens/s</b> for a batch of "
-            f"{batch} ({r['tokens_per_s'] / batch:,.1f} per sequence), {r['bound']}-bound; "
-            f"intensity {roofline.arithmetic_intensity(params, bits, batch):,.2f} FLOP/byte vs ridge "
-            f"{hw.ridge_point:,.0f}.")
+            f"Decode ceiling on <b>{hw.name}</b>: <b>{number(r['tokens_per_s'])} tokens/s</b> for a batch of "
+            f"{batch} ({number(r['tokens_per_s'] / batch)} per sequence), {r['bound']}-bound; "
+            f"intensity {number(roofline.arithmetic_intensity(params, bits, batch))} FLOP/byte vs ridge "
+            f"{number(hw.ridge_point)}.")
+    high = above_roof(hw, list(points))
+    if high:
+        text += ("<br><i>Above the roof: " + ", ".join(p["name"] for p in high) + ". The roof is an upper "
+                 "bound, so it was measured low (the machine was busier then); measure it again.</i>")
     return text, r
 
 
@@ -83,37 +107,46 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
                              continuous_update=False)
     bat = W.SelectionSlider(options=BATCHES, value=batch, description="batch", continuous_update=False)
     header = W.HTML()
-    fig = go.FigureWidget(roofline_figure(hardware[hw_box.value]))
-    fig.add_scatter(x=[1], y=[1], mode="markers+text", name="decode step", textposition="bottom right",
-                    marker=dict(size=14, symbol="circle"))
-    fig.add_scatter(x=[1], y=[1], mode="markers+text", name=f"prefill ({prompt_tokens} tokens)",
-                    textposition="top left", marker=dict(size=14, symbol="diamond"))
-    fig.add_scatter(x=[], y=[], mode="markers+text", name="measured", textposition="top center",
-                    marker=dict(size=12, symbol="x"))
 
-    def redraw(*_):
+    def state() -> tuple[dict[int, dict], str]:
+        """Every trace's data and the title for the controls' current values."""
         hw, params, b = hardware[hw_box.value], size.value * 1e9, bat.value
-        text, r = _readout(hw, params, prec.value, b)
+        text, r = _readout(hw, params, prec.value, b, measured.get(hw_box.value, []))
         header.value = text
         ai_dec = roofline.arithmetic_intensity(params, prec.value, b)
         ai_pre = roofline.arithmetic_intensity(params, prec.value, prompt_tokens)
         xs, ys = _roof_xy(hw)
         pts = measured.get(hw_box.value, [])
-        with fig.batch_update():
-            fig.data[0].update(x=xs, y=ys, name=f"{hw.name} roofline")
-            fig.data[1].update(x=[ai_dec], y=[attainable_flops(hw, ai_dec)],
-                               text=[f"decode: {r['tokens_per_s']:,.1f} tok/s"])
-            fig.data[2].update(x=[ai_pre], y=[attainable_flops(hw, ai_pre)], text=["prefill"])
-            fig.data[3].update(x=[p["intensity"] for p in pts], y=[p["flops"] for p in pts],
-                               text=[p["name"] for p in pts])
-            fig.layout.title.text = f"Roofline: {hw.name}, {size.value:.3g}B params, {prec.label}, batch {b}"
+        traces = {
+            0: dict(x=xs, y=ys, name=f"{hw.name} roofline"),
+            1: dict(x=[ai_dec], y=[hw.attainable_flops(ai_dec)], text=[f"decode: {number(r['tokens_per_s'])} tok/s"]),
+            2: dict(x=[ai_pre], y=[hw.attainable_flops(ai_pre)], text=["prefill"]),
+            3: dict(x=[p["intensity"] for p in pts], y=[p["flops"] for p in pts], text=[_label(hw, p) for p in pts]),
+        }
+        title = f"Roofline: {hw.name}, {count(params)} params, {prec.label}, batch {b}"
+        return traces, title
+
+    # The figure starts from the real values (no placeholder for a later update to replace).
+    traces, title = state()
+    base = roofline_figure(hardware[hw_box.value], title=title)
+    base.data[0].update(traces[0])
+    base.add_scatter(mode="markers+text", name="decode step", textposition="bottom right",
+                     marker=dict(size=14, symbol="circle"), **traces[1])
+    base.add_scatter(mode="markers+text", name=f"prefill ({prompt_tokens} tokens)", textposition="top left",
+                     marker=dict(size=14, symbol="diamond"), **traces[2])
+    base.add_scatter(mode="markers+text", name="measured", textposition="top center",
+                     marker=dict(size=12, symbol="x"), **traces[3])
+    plot = LiveFigure(base)
+
+    def redraw(*_):
+        traces, title = state()
+        plot.update(traces, {"title.text": title})
 
     for w in (hw_box, size, prec, bat):
         w.observe(redraw, names="value")
-    redraw()
-    box = W.VBox([W.HBox([hw_box, prec]), W.HBox([size, bat]), header, fig])
+    box = W.VBox([W.HBox([hw_box, prec]), W.HBox([size, bat]), header, plot.widget])
     box.add_class("inferlab-roofline-calculator")
-    live = Live(box, fig, header=header, description="roofline calculator")
+    live = Live(box, plot.figure, header=header, description="roofline calculator")
 
     def place(hardware_name: str, points: list[dict]) -> None:
         """Mark measured points ({"name", "intensity", "flops"}) on ``hardware_name``'s roofline."""

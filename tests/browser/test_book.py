@@ -117,7 +117,19 @@ def test_architecture_page_draws_its_mermaid_diagram(server, offline):
     page = offline.open(f"{server}/architecture.html")
     svg = page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
     assert "CausalLM" in (svg.text_content() or "")  # the labels were drawn, not just an empty frame
+    # readable: every label at least 12 px on screen (font size x the SVG's scale), at once or
+    # after a click on a diagram that was fitted to the page width
+    label_px = """() => [...document.querySelectorAll('pre.mermaid svg')].flatMap(svg => {
+        const box = svg.viewBox.baseVal, scale = box && box.width ? svg.getBoundingClientRect().width / box.width : 1;
+        return [...svg.querySelectorAll('.nodeLabel, .edgeLabel')].filter(l => l.textContent.trim())
+            .map(l => parseFloat(getComputedStyle(l).fontSize) * scale); })"""
     offline.screenshot("architecture")
+    for pre in page.locator("pre.mermaid.inferlab-zoomable").all():
+        pre.click(position={"x": 5, "y": 5})
+    sizes = page.evaluate(label_px)
+    assert sizes and min(sizes) >= 12, f"diagram labels drawn at {min(sizes):.1f} px"
+    assert page.locator("pre.mermaid.inferlab-zoomed").count() == page.locator(".inferlab-zoom-hint").count()
+    offline.screenshot("architecture_zoomed")
     offline.assert_offline_and_clean()
 
 
@@ -128,6 +140,9 @@ def test_notebook_00_draws_plotly_mermaid_and_math(server, offline):
     page.wait_for_function("() => [...document.querySelectorAll('.inferlab-plotly')]"
                            ".every(div => div.querySelector('svg.main-svg'))", timeout=DRAW_TIMEOUT_MS)
     assert page.locator(".js-plotly-plot").count() >= 1
+    # the calculator's snapshot says it is one, and where the live version runs
+    notice = page.locator(".inferlab-snapshot-notice").first.inner_text()
+    assert "snapshot" in notice and "JupyterLab" in notice, notice
     page.wait_for_selector("pre.mermaid svg", timeout=DRAW_TIMEOUT_MS)
     page.wait_for_selector("mjx-container", timeout=DRAW_TIMEOUT_MS)
     offline.screenshot("notebook_00")

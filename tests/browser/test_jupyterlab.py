@@ -1,8 +1,10 @@
-"""Notebook 00 in a real JupyterLab, in headless Chromium: it runs, draws, and reacts.
+"""A student's first hour, in a real JupyterLab in headless Chromium: `make lab`'s server opens
+notebook 00, Run All works, every figure draws what it should, the controls redraw it, the lab is
+one click away and grades from a cell, and none of it modifies a tracked file.
 
 nbval proves the notebook computes the right outputs; only a browser proves that a reader sees
-them: the widget JavaScript loads with no network, plotly draws an SVG, mermaid renders, and
-moving a slider makes the kernel redraw the figure.
+them. The figure checks read what plotly drew (each trace's coordinates and markers in the page),
+not only that an SVG exists: a calculator whose decode point has no x still draws an SVG.
 
 The test drives Debian's chromium (Playwright's own browser download needs the network):
 ``apt-get install chromium``. It is skipped when chromium is missing, except under CI.
@@ -14,27 +16,26 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from inferlab.viz import workspace as ws
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK = "00_why_inference_is_slow.ipynb"
+NOTEBOOK = "notebooks/00_why_inference_is_slow.ipynb"
+LAB = "labs/00_roofline"
 ARTIFACTS = Path(os.environ.get("INFERLAB_ARTIFACTS", ROOT / "runs" / "artifacts"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
-# JupyterLab user settings for the test: keep every cell in the DOM (no virtual scrolling),
-# never write the notebook back to disk, never ask about or fetch news.
-LAB_SETTINGS = {
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
-}
+# Test-only user setting: keep every cell in the DOM (no virtual scrolling) so all can be read.
+# Everything else (autosave on, no news prompt) is what `make lab` gives a student.
+LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"}}
+CALC = ".inferlab-roofline-calculator"
 
 
 def _require(condition: bool, message: str) -> None:
@@ -63,13 +64,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _git_status() -> str:
+    """Tracked course files that differ from the last commit (the test must add none)."""
+    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *ws.FOLDERS],
+                          cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else f"(git status failed: {proc.stderr.strip()})"
+
+
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
-    """A JupyterLab server on a free loopback port, serving a copy of notebooks/ (so nothing in
-    the repository is modified), with no token, until the module's tests finish."""
+    """`make lab`'s JupyterLab (same command, environment and settings) on a free loopback port,
+    serving a workspace made from this repository, with no token."""
     base = tmp_path_factory.mktemp("jupyterlab")
-    root = base / "notebooks"
-    shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    workspace = base / "workspace"
+    ws.sync(ROOT, workspace)
     settings = base / "user-settings"
     for name, values in LAB_SETTINGS.items():
         plugin_dir, file = name.rsplit("/", 1)
@@ -78,14 +86,16 @@ def jupyterlab(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
            "JUPYTER_DATA_DIR": str(base / "data"), "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           "--IdentityProvider.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
-           "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={settings}",
-           f"--LabApp.workspaces_dir={base / 'workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    # `inferlab` off the PATH, as in a student's shell that never activated the venv: the launcher adds it
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p and not (Path(p) / "inferlab").exists())
+    env = ws.lab_env(env)
+    cmd = ws.lab_command(workspace, "--no-browser", "--ServerApp.ip=127.0.0.1",
+                         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
+                         "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
+                         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={base / 'workspaces'}")
     log = open(base / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=log, stderr=subprocess.STDOUT)  # as make lab
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -101,7 +111,7 @@ def jupyterlab(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not answer in 90 s:\n{(base / 'server.log').read_text()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield url, workspace
     finally:
         proc.terminate()
         try:
@@ -121,6 +131,7 @@ async () => {
   await panel.context.ready;
   await panel.sessionContext.ready;
   await app.commands.execute("notebook:run-all-cells");
+  await app.commands.execute("docmanager:save");  // what a student's Ctrl+S (or autosave) does
   const cells = [];
   for (const cell of panel.content.model.cells) {
     if (cell.type !== "code") continue;
@@ -133,25 +144,112 @@ async () => {
 }
 """
 
+# What plotly drew, figure by figure: each trace's coordinates as plotly.js holds them, and the
+# problems a reader would see (a coordinate that is missing, not finite, or not positive on a log
+# axis; fewer markers in the SVG than the trace has points).
+FIGURES = """
+() => [...document.querySelectorAll('.jp-OutputArea .js-plotly-plot')].map((gd) => {
+  const full = gd._fullLayout || {};
+  const log = {x: full.xaxis && full.xaxis.type === 'log', y: full.yaxis && full.yaxis.type === 'log'};
+  const layers = gd.querySelectorAll('.scatterlayer g.trace');
+  const traces = (gd.data || []).map((t, i) => {
+    const bad = [], xy = {};
+    for (const axis of ['x', 'y']) {
+      const v = t[axis];
+      if (v === undefined || v === null) { bad.push(axis + ' is ' + v); continue; }
+      xy[axis] = Array.from(v);
+      xy[axis].forEach((z, j) => {
+        if (typeof z !== 'number' || !Number.isFinite(z) || (log[axis] && z <= 0))
+          bad.push(axis + '[' + j + '] = ' + String(z));
+      });
+    }
+    const n = xy.x ? xy.x.length : 0;
+    if (xy.x && xy.y && xy.x.length !== xy.y.length) bad.push('x and y differ in length');
+    const drawn = layers[i] ? layers[i].querySelectorAll('path.point').length : 0;
+    if ((t.mode || '').includes('markers') && drawn !== n) bad.push('drew ' + drawn + ' markers for ' + n + ' points');
+    return {name: t.name, x: xy.x || null, y: xy.y || null, bad};
+  });
+  return {title: (full.title && full.title.text) || '', calculator: !!gd.closest('%s'), traces};
+})
+""" % CALC
 
-def _figure_svg(page, scope: str) -> str:
-    return page.locator(f"{scope} .js-plotly-plot svg.main-svg").first.inner_html()
+
+def _check_figures(page, when: str) -> dict:
+    """Every trace of every figure has finite coordinates and is drawn; returns the calculator's."""
+    figures = page.evaluate(FIGURES)
+    assert figures, f"{when}: no plotly figure in the page"
+    problems = [f"{f['title']!r} / trace {t['name']!r}: {'; '.join(t['bad'])}"
+                for f in figures for t in f["traces"] if t["bad"]]
+    assert not problems, f"{when}:\n  " + "\n  ".join(problems)
+    calculators = [f for f in figures if f["calculator"]]
+    assert len(calculators) == 1, f"{when}: expected one calculator figure, found {len(calculators)}"
+    calc = {t["name"]: t for t in calculators[0]["traces"]}
+    roof = next((t for name, t in calc.items() if str(name).endswith("roofline")), None)
+    decode = calc.get("decode step")
+    assert roof and decode, f"{when}: the calculator lacks its roofline or decode trace: {calculators[0]}"
+    assert len(decode["x"]) == 1, f"{when}: the decode step is not marked"
+    # the point sits on the roof: min(peak, intensity x bandwidth), the slope's bandwidth read from the line
+    bandwidth, peak = roof["y"][0] / roof["x"][0], max(roof["y"])
+    x, y = decode["x"][0], decode["y"][0]
+    assert y == pytest.approx(min(peak, x * bandwidth), rel=1e-6), f"{when}: decode point off the roof: {decode}"
+    return {"figure": calculators[0], "decode": (x, y), "on_slope": x * bandwidth < peak, "title": calculators[0]["title"]}
 
 
-def test_notebook_00_runs_renders_and_reacts(chromium, jupyterlab, tmp_path):
+def _calc_state(page) -> str:
+    return page.evaluate("""(sel) => { const gd = document.querySelector(sel + ' .js-plotly-plot');
+        return JSON.stringify([gd.data.map(t => [t.x, t.y]), gd._fullLayout.title.text]); }""", CALC)
+
+
+def _change(page, what: str, action) -> dict:
+    """Move one control the way a student does, wait for the kernel to redraw, check every figure."""
+    before_fig = _calc_state(page)
+    before_text = page.locator(f"{CALC} .widget-html-content").first.inner_text()
+    action()
+    page.wait_for_function("([sel, old]) => { const gd = document.querySelector(sel + ' .js-plotly-plot');"
+                           " return JSON.stringify([gd.data.map(t => [t.x, t.y]), gd._fullLayout.title.text]) !== old; }",
+                           arg=[CALC, before_fig], timeout=30_000)
+    page.wait_for_function("([sel, old]) => document.querySelector(sel + ' .widget-html-content').innerText !== old",
+                           arg=[CALC, before_text], timeout=30_000)
+    page.wait_for_timeout(300)  # let plotly finish drawing the markers of the update
+    return _check_figures(page, f"after changing {what}")
+
+
+def _press(page, label: str, key: str, times: int = 1):
+    def act():
+        handle = page.locator(f"{CALC} .widget-slider").filter(has_text=label).locator(".noUi-handle").first
+        handle.focus()
+        for _ in range(times):
+            handle.press(key)
+    return act
+
+
+def _kernel_output(page, code: str) -> str:
+    return page.evaluate("""async (code) => {
+        const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+        let text = '';
+        const future = kernel.requestExecute({code});
+        future.onIOPub = (msg) => { if (msg.header.msg_type === 'stream') text += msg.content.text;
+                                    if (msg.header.msg_type === 'error') text += msg.content.evalue; };
+        await future.done;
+        return text; }""", code)
+
+
+def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
+    url, workspace = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for stale in ARTIFACTS.glob("jupyterlab_00*"):
         stale.unlink()
-    blocked, page_errors = [], []
+    git_before = _git_status()
+    blocked, page_errors, console = [], [], []
 
     def only_loopback(route):
-        url = route.request.url
-        if url.startswith((jupyterlab, "data:", "blob:")) or url.startswith("ws://127.0.0.1"):
+        req = route.request.url
+        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
             route.continue_()
         else:
-            blocked.append(url)
+            blocked.append(req)
             route.abort()
 
     with sync_playwright() as p:
@@ -163,9 +261,12 @@ def test_notebook_00_runs_renders_and_reacts(chromium, jupyterlab, tmp_path):
             context.route("**/*", only_loopback)
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.goto(f"{jupyterlab}/lab/tree/{NOTEBOOK}", wait_until="domcontentloaded", timeout=120_000)
+            page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
+            page.goto(url, wait_until="domcontentloaded", timeout=120_000)  # what `make lab` opens
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+            opened = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.path")
+            assert opened == NOTEBOOK, f"JupyterLab opened {opened!r} first"
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
 
             cells = page.evaluate(RUN_ALL_AND_COLLECT)
@@ -176,38 +277,60 @@ def test_notebook_00_runs_renders_and_reacts(chromium, jupyterlab, tmp_path):
             assert cells and all(c["execution_count"] for c in cells), \
                 [c["source"] for c in cells if not c["execution_count"]]
 
-            calc = ".inferlab-roofline-calculator"
-            page.locator(calc).scroll_into_view_if_needed(timeout=60_000)
-            expect(page.locator(f"{calc} .js-plotly-plot svg.main-svg").first).to_be_visible(timeout=60_000)
-            assert page.locator(".jp-OutputArea .js-plotly-plot svg.main-svg").count() >= 2, \
-                "the static measured-roofline figure was not drawn"
+            page.locator(CALC).scroll_into_view_if_needed(timeout=60_000)
+            expect(page.locator(f"{CALC} .js-plotly-plot svg.main-svg").first).to_be_visible(timeout=60_000)
+            page.wait_for_function("(n) => document.querySelectorAll('.jp-OutputArea .js-plotly-plot"
+                                   " svg.main-svg').length >= n", arg=2, timeout=60_000)
+            page.wait_for_timeout(500)
             # JupyterLab draws mermaid to an SVG and shows it as an <img> (svg, for older versions)
             expect(page.locator(".jp-OutputArea .jp-RenderedMermaid img[src^='data:image/svg+xml'], "
                                 ".jp-OutputArea .jp-RenderedMermaid svg").first).to_be_attached(timeout=30_000)
             assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0, \
                 "mermaid could not parse the diagram"
 
-            before = _figure_svg(page, calc)
-            header_before = page.locator(f"{calc} .widget-html-content").first.inner_text()
-            slider = page.locator(f"{calc} .widget-slider").filter(has_text="batch")
-            handle = slider.locator(".noUi-handle").first
-            box = handle.bounding_box()
-            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.mouse.down()
-            page.mouse.move(box["x"] + 120, box["y"] + box["height"] / 2, steps=8)
-            page.mouse.up()
-            page.wait_for_function(
-                """([sel, old]) => { const s = document.querySelector(sel + " .js-plotly-plot svg.main-svg");
-                                     return s && s.innerHTML !== old; }""",
-                arg=[calc, before], timeout=30_000)
-            header_after = page.locator(f"{calc} .widget-html-content").first.inner_text()
-            assert header_after != header_before, "the readout did not follow the slider"
-            assert "batch of 1 " not in header_after
+            # First view: 70B fp16 batch 1 on an H100 is memory-bound, so the decode point is on the slope.
+            first = _check_figures(page, "on first render")
+            assert first["on_slope"] and first["decode"][0] == pytest.approx(1.0), first
+            page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
 
-            page.locator(calc).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
-            page.locator(".jp-OutputArea .jp-RenderedMermaid").first.screenshot(
-                path=str(ARTIFACTS / "jupyterlab_00_pipeline.png"))
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab_00.png"))
+            seen = [_change(page, "the batch", _press(page, "batch", "ArrowRight", 3))]
+            assert "batch 8" in seen[-1]["title"] and seen[-1]["decode"][0] == pytest.approx(8.0)
+            seen.append(_change(page, "the precision", _press(page, "precision", "ArrowRight", 2)))
+            seen.append(_change(page, "the model size", _press(page, "params", "ArrowLeft", 4)))
+            for hardware in ("H200 SXM", "this machine (measured)", "A100 80GB SXM"):
+                seen.append(_change(page, f"the hardware to {hardware}",
+                                    lambda h=hardware: page.locator(f"{CALC} select").first.select_option(h)))
+                assert hardware.split(" (")[0] in seen[-1]["title"]
+            page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator_after.png"))
+            header = page.locator(f"{CALC} .widget-html-content").first.inner_text()
+            assert "batch of 8" in header and "A100" in header, header
+            assert page.get_by_text("Jupyter news").count() == 0, "JupyterLab asked about news"
+
+            # The lab, from a cell of the notebook: `inferlab` is on the kernel's PATH.
+            graded = _kernel_output(page, f"!inferlab grade ../{LAB} --quiet")
+            assert "score: 0/" in graded, graded  # the untouched starter, graded in the workspace
+            # "Your turn" opens the lab's README in JupyterLab (not a 404)
+            link = page.locator(".jp-RenderedMarkdown a", has_text="Lab 00 · the roofline model").first
+            link.scroll_into_view_if_needed()
+            link.click()
+            page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.context"
+                                   f" && window.jupyterapp.shell.currentWidget.context.path === '{LAB}/README.md'",
+                                   timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_lab_readme.png"))
+
+            # ... and from a JupyterLab terminal, which opens in the workspace beside labs/
+            assert page.evaluate("() => window.jupyterapp.commands.hasCommand('terminal:create-new')"), \
+                "JupyterLab has no terminals (is jupyter_server_terminals installed and enabled?)"
+            page.evaluate("() => window.jupyterapp.commands.execute('terminal:create-new')")
+            page.locator(".jp-Terminal .xterm-helper-textarea").last.focus()
+            page.wait_for_timeout(1500)  # the shell prints its prompt
+            page.keyboard.type(f"inferlab grade {LAB} --quiet > terminal-grade.txt 2>&1\n", delay=5)
+            result = workspace / "terminal-grade.txt"
+            deadline = time.monotonic() + 90
+            while not (result.exists() and "score:" in result.read_text()) and time.monotonic() < deadline:
+                page.wait_for_timeout(500)
+            assert result.exists() and "score: 0/" in result.read_text(), \
+                result.read_text() if result.exists() else "the terminal never ran the grader"
         except BaseException:
             if page is not None:  # keep what the browser showed, for whoever reads the failure
                 page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_failure.png"))
@@ -215,5 +338,11 @@ def test_notebook_00_runs_renders_and_reacts(chromium, jupyterlab, tmp_path):
             raise
         finally:
             context.close()
+            (ARTIFACTS / "jupyterlab_00_console.txt").write_text("\n".join(console))
     assert not page_errors, f"JavaScript errors in the page: {page_errors}"
     assert not blocked, f"the page asked for non-local resources (all blocked): {blocked[:10]}"
+
+    # The run was saved to the workspace copy, and no tracked file of the course changed.
+    saved = json.loads((workspace / NOTEBOOK).read_text())
+    assert any(c.get("execution_count") for c in saved["cells"] if c["cell_type"] == "code")
+    assert _git_status() == git_before, "running the notebook modified tracked files"

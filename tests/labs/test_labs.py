@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlab import cli, grade
+from inferlab import cli, grade, labkit
 from inferlab.errors import InferlabError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,3 +188,51 @@ def test_a_missing_lab_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("inferlab grade: error: no lab folder 'labs/99_missing'")
     assert len(err.strip().splitlines()) == 1
+
+
+BROKEN_STARTER = '''
+def ceiling(x):
+    return {"tokens_per_s": x, "bound": "memory"
+'''
+
+DICT_TESTS = '''
+from inferlab import labkit
+
+lab = labkit.implementation(__file__, reference="mini_reference", functions=["ceiling"])
+
+
+def test_ceiling():
+    full = {"tokens_per_s": 2.0, "bound": "memory", "memory_s": 0.5, "compute_s": 0.1}
+    labkit.check(lab.ceiling, 1, expected=full, keys=["tokens_per_s", "bound"])
+
+
+def test_ceiling_again():
+    labkit.check(lab.ceiling, 2, expected={"tokens_per_s": 4.0, "bound": "memory"})
+'''
+
+
+def _dict_lab(root: Path, starter: str) -> Path:
+    lab = root / "08_dict"
+    lab.mkdir(parents=True)
+    shutil.copy(REPO / "labs" / "conftest.py", root / "conftest.py")
+    (lab / "starter.py").write_text(starter)
+    (lab / "test_lab.py").write_text(DICT_TESTS)
+    return lab
+
+
+def test_a_starter_that_does_not_load_is_reported_once(tmp_path):
+    results = grade.run_lab(_dict_lab(tmp_path, BROKEN_STARTER))
+    outputs = [t["output"] for t in results["tests"]]
+    assert outputs[0].startswith("starter.py does not load") and "SyntaxError" in outputs[0]
+    assert "line 3" in outputs[0] and "Traceback" not in outputs[0]
+    assert outputs[1:] == [labkit.SEE_LOAD_ERROR]
+    summary = grade.format_summary(results)
+    assert summary.count("SyntaxError") == 1 and summary.count("does not load") == 1, summary
+    assert results["score"] == 0
+
+
+def test_a_dict_mismatch_shows_only_the_graded_keys(tmp_path):
+    results = grade.run_lab(_dict_lab(tmp_path, "def ceiling(x):\n    return [x]\n"))
+    first = results["tests"][0]["output"]
+    assert "expected a dict, got list" in first and "'tokens_per_s': 2" in first
+    assert "memory_s" not in first and "compute_s" not in first

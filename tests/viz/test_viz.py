@@ -48,7 +48,8 @@ def test_calculator_bundle_and_controls_redraw_the_figure():
     live = viz.roofline_calculator(roofline.PRESETS, params_b=70, bits=16, batch=1, start="H100 SXM")
     bundle = live._repr_mimebundle_()
     assert {"application/vnd.jupyter.widget-view+json", "text/html", "text/plain"} <= set(bundle)
-    assert "23.9 tokens/s" in bundle["text/html"] and "140.0 GB" in bundle["text/html"]
+    assert "23.9 tokens/s" in bundle["text/html"] and "140 GB" in bundle["text/html"]
+    assert "snapshot" in bundle["text/html"] and "JupyterLab" in bundle["text/html"]
     assert "model_id" not in bundle["text/plain"]
     controls = {c.description: c for row in live.widget.children[:2] for c in row.children}
     decode = live.figure.data[1]
@@ -57,7 +58,7 @@ def test_calculator_bundle_and_controls_redraw_the_figure():
     assert live.figure.data[1].x[0] == pytest.approx(64 * x_before)
     assert "batch of 64" in live.header.value
     controls["precision"].value = 4
-    assert "35.0 GB" in live.header.value
+    assert "35 GB" in live.header.value
     controls["hardware"].value = "H200 SXM"
     assert live.figure.data[0].name == "H200 SXM roofline"
 
@@ -106,3 +107,64 @@ def test_calculator_places_measured_points_on_their_hardware():
     controls = {c.description: c for row in live.widget.children[:2] for c in row.children}
     controls["hardware"].value = "mine"
     assert live.figure.data[3].x == (0.5,) and live.figure.data[3].text == ("decode",)
+
+
+def _sent_figure(live):
+    """The figure as the browser receives it: the plotly JSON in the Output widget's state."""
+    (output,) = live.widget.children[-1].outputs
+    return output["data"]["application/vnd.plotly.v1+json"]
+
+
+def _assert_every_trace_has_points(fig_json, when):
+    for trace in fig_json["data"]:
+        for axis in ("x", "y"):
+            values = trace.get(axis)
+            assert values is not None, f"{when}: {trace.get('name')} has no {axis}"
+            assert all(isinstance(v, (int, float)) and v > 0 for v in values), (when, trace.get("name"), values)
+
+
+def test_calculator_sends_whole_figures_from_its_first_view():
+    live = viz.roofline_calculator(roofline.PRESETS, params_b=70, bits=16, batch=1, start="H100 SXM")
+    first = _sent_figure(live)  # what JupyterLab draws before any control moves
+    _assert_every_trace_has_points(first, "first view")
+    assert first["data"][1]["name"] == "decode step" and first["data"][1]["x"] == [1.0]
+    assert first["data"][1]["y"] == [roofline.PRESETS["H100 SXM"].mem_bandwidth]  # on the memory slope
+    controls = {c.description: c for row in live.widget.children[:2] for c in row.children}
+    for name, value in [("hardware", "H200 SXM"), ("params (B)", 10 ** 0.85), ("batch", 8), ("precision", 4)]:
+        controls[name].value = value
+        _assert_every_trace_has_points(_sent_figure(live), f"after {name}")
+    sent = _sent_figure(live)
+    assert sent["data"][1]["x"] == [32.0] and sent["data"][1]["y"] == [32 * roofline.PRESETS["H200 SXM"].mem_bandwidth]
+    assert "7.08B parameters" in live.header.value and "7.08B params" in sent["layout"]["title"]["text"]
+    assert not any(isinstance(w, go.FigureWidget) for w in live.widget.children)  # no anywidget to time out
+
+
+def test_numbers_read_like_a_person_wrote_them():
+    from inferlab.viz import numbers
+
+    assert numbers.count(10 ** 9.85) == "7.08B" and numbers.count(70e9) == "70B"
+    assert numbers.count(5.57e6) == "5.57M" and numbers.count(999.7e6) == "1B" and numbers.count(512) == "512"
+    assert numbers.si(140e9, "B") == "140 GB" and numbers.si(989e12, "FLOP/s") == "989 TFLOP/s"
+    assert numbers.number(23.93) == "23.9" and numbers.number(12138) == "12,138" and numbers.number(0.5) == "0.5"
+    assert numbers.percent(1.189) == "119%"
+
+
+def test_points_above_the_roof_are_labelled():
+    hw = roofline.Hardware("mine", 60e9, 50e9, 1e9)
+    points = [{"name": "prefill", "intensity": 128.0, "flops": 71e9}, {"name": "decode", "intensity": 0.5, "flops": 3e9}]
+    fig = viz.roofline_figure(hw, points)
+    assert "above" in fig.data[1].name and "118%" in fig.data[1].name
+    assert fig.data[2].name == "decode"
+    assert [p["name"] for p in viz.roofline_plot.above_roof(hw, points)] == ["prefill"]
+    live = viz.roofline_calculator({"mine": hw}, start="mine", measured={"mine": points})
+    assert "Above the roof: prefill" in live.header.value
+
+
+def test_figures_keep_the_title_clear_of_the_mode_bar():
+    fig = viz.roofline_figure(roofline.PRESETS["H100 SXM"])
+    title = fig.layout.title
+    assert title.xanchor == "left" and title.yref == "container"
+    assert (1 - title.y) * fig.layout.height >= viz.figures.MODEBAR_PX  # below the mode bar's row
+    assert fig.layout.margin.t > viz.figures.MODEBAR_PX + 20
+    for axis in (fig.layout.xaxis, fig.layout.yaxis):
+        assert axis.type == "log" and axis.dtick == 1 and axis.exponentformat == "SI"
