@@ -43,6 +43,7 @@ class LLMEngine:
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generation_tokens": 0,
                          "num_finished_requests": 0, "prefill_s": 0.0, "decode_s": 0.0,
                          "prefill_tokens": 0, "decode_tokens": 0}
+        self.step_hooks: list = []  # optional observers: hook(engine, record) after each step (step_record)
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
@@ -116,6 +117,7 @@ class LLMEngine:
             m = self.requests[seq.request_id].metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
+        record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
         logits = self.runner.execute(inputs, out.copies)
         rows, ready = [], []
         for j, s in enumerate(out.scheduled):
@@ -134,7 +136,24 @@ class LLMEngine:
                     self._fork(seq, logits[row], now, touched)
                 self._append(seq, tok, now, touched)
         self._account(out, time.perf_counter() - t0)
+        if record is not None:
+            record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])
+            for hook in self.step_hooks:
+                hook(self, record)
         return [self._output(req) for req in touched.values() if req.stream or req.finished]
+
+    def step_record(self, out) -> dict:
+        """Plain data about the step being run, for traces and plots: each scheduled sequence's
+        request, first position and token count, and whether it is a (chunk of a) prefill or a decode."""
+        rows = []
+        for s in out.scheduled:
+            seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            decode = k == 1 and start == seq.num_tokens - 1 and bool(seq.output_token_ids)
+            rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
+                         "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
+                         "chunk": not decode and (start > 0 or start + k < seq.num_tokens)})
+        return {"step": self.counters["num_steps"], "scheduled": rows, "num_batched_tokens": out.num_batched_tokens,
+                "preempted": [seq.request_id for seq in out.preempted], "num_waiting": self.num_waiting}
 
     def _append(self, seq: EngineSequence, token: int, now: float, touched: dict) -> None:
         seq.append_token(token, self.eos_token_ids, self.tokenizer)

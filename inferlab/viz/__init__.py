@@ -14,7 +14,7 @@ from inferlab.viz.kv_blocks import block_pool, pool_figure, record_trace
 from inferlab.viz.diagrams import Diagram, flowchart, mermaid, mermaid_text
 from inferlab.viz.figures import PLOTLY_JS_PATH, SNAPSHOT_NOTICE, Live, LiveFigure, StaticFigure, figure_html, show, style
 from inferlab.viz.notebook import demo_model, progress, seed_everything, tiny_random_model
-from inferlab.viz import moe_plots
+from inferlab.viz import batching_plots, moe_plots
 from inferlab.viz.numbers import count, number, percent, si
 from inferlab.viz.roofline_plot import above_roof, attainable_flops, roof_share, roofline_calculator, roofline_figure
 
@@ -24,5 +24,5 @@ __all__ = [
     "PLOTLY_JS_PATH", "SNAPSHOT_NOTICE", "Live", "LiveFigure", "StaticFigure", "figure_html", "show", "style",
     "count", "number", "percent", "si",
     "demo_model", "progress", "seed_everything", "tiny_random_model",
-    "moe_plots", "above_roof", "attainable_flops", "roof_share", "roofline_calculator", "roofline_figure",
+    "batching_plots", "moe_plots", "above_roof", "attainable_flops", "roof_share", "roofline_calculator", "roofline_figure",
 ]
