@@ -6,6 +6,7 @@ arbitrary code when loaded, so inferlab refuses them and says how to convert.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -179,17 +180,30 @@ def _linear_factory(qcfg: dict | None):
     return linear_factory(qcfg)
 
 
-def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,
-                    dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:
-    """Write ``model`` (and tokenizer) as an HF folder that transformers loads too.
-
-    The folder is written to a temporary sibling and renamed into place, so a crash never
-    leaves a half-written checkpoint behind.
-    """
+@contextlib.contextmanager
+def atomic_folder(folder: str | os.PathLike):
+    """Yield a temporary sibling of ``folder``; on success it replaces ``folder`` in one rename, on
+    any error it is removed, so a crash never leaves a half-written model folder behind."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,
+                    dtype: torch.dtype | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Write ``model`` (and tokenizer) as an HF folder that transformers loads too, atomically."""
+    with atomic_folder(folder) as tmp:
         cfg = model.config.to_hf_dict()
         state = model.checkpoint_state_dict()
         if dtype is not None:
@@ -202,13 +216,4 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
             tokenizer.save(tmp / "tokenizer.json")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+    return Path(folder)

@@ -114,10 +114,21 @@ def torch_decode(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tenso
     return paged_decode(q, cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.decode_slots, meta.decode_mask)
 
 
+def torch_prefill(q, k, v, mask) -> torch.Tensor:
+    """One prompt or prompt chunk: q [1, Hq, T, D] are the last T of k/v's S positions; ``mask``
+    [1, 1, T, S] or None for plain causal (bottom-right, which SDPA's ``is_causal`` is when T == S)."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:  # a plain causal prompt (or a single query that sees everything)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,
-                            decode_fn=torch_decode) -> torch.Tensor:
+                            decode_fn=torch_decode, prefill_fn=torch_prefill) -> torch.Tensor:
     """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D].
-    ``decode_fn(q, layer_idx, meta)`` computes the single-query sequences (see :func:`torch_decode`)."""
+    ``decode_fn(q, layer_idx, meta)`` computes the single-query sequences (see :func:`torch_decode`),
+    ``prefill_fn(q, k, v, mask)`` each prompt or chunk against its cached and new K/V (see
+    :func:`torch_prefill`): the two places an attention kernel plugs in."""
     cache = meta.kv_cache
     cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
     d = meta.num_decodes
@@ -125,7 +136,6 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
     if d:
         out = decode_fn(q[0, :, :d].transpose(0, 1), layer_idx, meta)
         parts.append(out.transpose(0, 1)[None])
-    gqa = q.shape[1] != k.shape[1]
     start = d
     for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):
         qi = q[:, :, start:start + q_len]
@@ -135,11 +145,6 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
             nb = -(-ctx // cache.block_size)
             ki, vi = cache.gather(layer_idx, meta.block_tables[d + i, :nb], ctx)
             ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]
-        mask = meta.prefill_masks[i]
-        if mask is None:  # a plain causal prompt (or a single query that sees everything)
-            out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=q_len > 1, enable_gqa=gqa)
-        else:
-            out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=gqa)
-        parts.append(out)
+        parts.append(prefill_fn(qi, ki, vi, meta.prefill_masks[i]))
         start += q_len
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)

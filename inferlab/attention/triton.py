@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.attention.base import AttentionMetadata
-from inferlab.attention.paged import PagedAttentionMetadata, paged_decode
+from inferlab.attention.paged import PagedAttentionMetadata, paged_attention_forward, torch_decode, torch_prefill
 from inferlab.attention.torch_sdpa import TorchSDPABackend, decode_attention
 
 
@@ -50,36 +50,21 @@ class TritonBackend(TorchSDPABackend):
         return self._contiguous(layer_idx, q, k, v, metadata)
 
     def _paged(self, layer_idx, q, k, v, meta: PagedAttentionMetadata):
-        """q [1, Hq, N, D], k/v [1, Hkv, N, D]: the new tokens of every sequence, decodes first."""
-        cache = meta.kv_cache
-        k_slots, v_slots = cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
-        d = meta.num_decodes
-        parts = []
-        if d:
-            qd = q[0, :, :d].transpose(0, 1)  # [B_decode, Hq, D]
-            if _decode_window_bites(meta):
-                out = paged_decode(qd, k_slots, v_slots, meta.decode_slots, meta.decode_mask)
-            else:  # the kernel reads the blocks in place: [num_blocks, block_size, Hkv, D]
-                out = self.paged_attention(qd, cache.k[layer_idx], cache.v[layer_idx], meta.block_tables[:d],
-                                           meta.context_lens[:d])
-            parts.append(out.transpose(0, 1)[None])
-        start = d
-        for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):
-            qi = q[:, :, start:start + q_len]
-            if ctx == q_len:  # nothing cached before: this call's own K/V
-                ki, vi = k[:, :, start:start + q_len], v[:, :, start:start + q_len]
-            else:
-                nb = -(-ctx // cache.block_size)
-                ki, vi = cache.gather(layer_idx, meta.block_tables[d + i, :nb], ctx)
-                ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]
-            mask = meta.prefill_masks[i]
-            if mask is not None and not bool(mask[0, 0, -1, 0]):  # a sliding window hides early keys
-                out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=qi.shape[1] != ki.shape[1])
-            else:  # causal, the q_len queries being the last of ctx keys: exactly the kernel's mask
-                out = self.flash_attention(qi, ki, vi, causal=True)
-            parts.append(out)
-            start += q_len
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+        """q [1, Hq, N, D], k/v [1, Hkv, N, D]: the new tokens of every sequence, decodes first. The
+        engine's paged path, with the kernels plugged into its decode and prefill hooks."""
+        return paged_attention_forward(layer_idx, q, k, v, meta, decode_fn=self._decode, prefill_fn=self._prefill)
+
+    def _decode(self, q, layer_idx: int, meta: PagedAttentionMetadata):
+        if _decode_window_bites(meta):  # a sliding window hides early keys: the torch code handles it
+            return torch_decode(q, layer_idx, meta)
+        cache, d = meta.kv_cache, q.shape[0]  # the kernel reads the blocks in place: [num_blocks, block_size, Hkv, D]
+        return self.paged_attention(q, cache.k[layer_idx], cache.v[layer_idx], meta.block_tables[:d],
+                                    meta.context_lens[:d])
+
+    def _prefill(self, q, k, v, mask):
+        if mask is not None and not bool(mask[0, 0, -1, 0]):  # a sliding window hides early keys
+            return torch_prefill(q, k, v, mask)
+        return self.flash_attention(q, k, v, causal=True)  # the T queries are the last of S keys: bottom-right
 
     def _contiguous(self, layer_idx, q, k, v, meta: AttentionMetadata):
         if meta.kv_cache is not None:

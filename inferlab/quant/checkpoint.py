@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -123,23 +121,13 @@ def check_output_folder(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(folder: str | os.PathLike):
-    """Yield a temporary sibling folder; on success it replaces ``folder`` in one rename, on any
-    error it is removed, so a failed write never leaves a partial output folder."""
-    folder = Path(folder)
-    check_output_folder(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    """The loader's atomic folder (a temporary sibling renamed into place, removed on any error),
+    after checking that ``folder`` is not something else that would be overwritten."""
+    from inferlab.loader import atomic_folder as _atomic_folder
+
+    check_output_folder(Path(folder))
+    with _atomic_folder(folder) as tmp:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_quantized(model, tokenizer, folder: str | os.PathLike, qcfg: dict) -> Path:
