@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from inferlab.llm import LLM
+from inferlab.llm import LLM, step_stats
 from inferlab.sampling import SamplingParams
 
 
@@ -45,14 +45,10 @@ def main(argv: list[str]) -> int:
                 sys.stdout.write(comp.delta_text)
                 sys.stdout.flush()
     if args.json:
-        stats = _rates(before, engine.counters)
+        rates = step_stats(before, engine.counters, 0.0, 1)
+        stats = {k: round(rates[k], 2) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
         print(json.dumps({"text": comp.text, "token_ids": comp.token_ids, **stats}))
     else:
         sys.stdout.write("\n")
     return 0
 
-
-def _rates(before: dict, after: dict) -> dict:
-    d = {k: after[k] - before[k] for k in ("prefill_s", "decode_s", "prefill_tokens", "decode_tokens")}
-    return {"prefill_tokens_per_s": round(d["prefill_tokens"] / max(d["prefill_s"], 1e-9), 2),
-            "decode_tokens_per_s": round(d["decode_tokens"] / max(d["decode_s"], 1e-9), 2)}

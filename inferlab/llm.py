@@ -114,7 +114,7 @@ class LLM:
             for rid in ids:
                 engine.abort_request(rid)
             raise
-        self.last_stats = _stats(before, engine.counters, time.perf_counter() - t0, n)
+        self.last_stats = step_stats(before, engine.counters, time.perf_counter() - t0, n)
         results = []
         for rid, text in zip(ids, texts):
             out = finals[rid]
@@ -123,7 +123,8 @@ class LLM:
         return results
 
 
-def _stats(before: dict, after: dict, seconds: float, batch: int) -> dict:
+def step_stats(before: dict, after: dict, seconds: float, batch: int) -> dict:
+    """Prefill/decode times, token counts and rates between two snapshots of ``engine.counters``."""
     d = {k: after[k] - before[k] for k in before}
     return {"prefill_s": d["prefill_s"], "decode_s": d["decode_s"], "prefill_tokens": d["prefill_tokens"],
             "decode_steps": d["num_steps"], "batch_size": batch, "total_s": seconds,
