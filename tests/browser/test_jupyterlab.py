@@ -234,6 +234,24 @@ def _kernel_output(page, code: str) -> str:
         return text; }""", code)
 
 
+def offline_context(p, chromium: str, profile, url: str, blocked: list):
+    """Headless Chromium whose page may reach only the JupyterLab server at ``url`` (and data:,
+    blob:, loopback websockets); every other request is aborted and recorded in ``blocked``."""
+    def only_loopback(route):
+        req = route.request.url
+        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
+            route.continue_()
+        else:
+            blocked.append(req)
+            route.abort()
+
+    context = p.chromium.launch_persistent_context(
+        str(profile), executable_path=chromium, headless=True,
+        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+    context.route("**/*", only_loopback)
+    return context
+
+
 def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -244,21 +262,10 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
     git_before = _git_status()
     blocked, page_errors, console = [], [], []
 
-    def only_loopback(route):
-        req = route.request.url
-        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
-            route.continue_()
-        else:
-            blocked.append(req)
-            route.abort()
-
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        context = offline_context(p, chromium, tmp_path / "chromium-profile", url, blocked)
         page = None
         try:
-            context.route("**/*", only_loopback)
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
             page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from .test_jupyterlab import (  # noqa: F401  (fixtures are found by name)
-    ARTIFACTS, CHROMIUM_ARGS, RUN_ALL_AND_COLLECT, chromium, jupyterlab)
+    ARTIFACTS, RUN_ALL_AND_COLLECT, chromium, jupyterlab, offline_context)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 NOTEBOOK = "notebooks/02_kv_cache.ipynb"  # in the workspace, as make lab serves it
@@ -23,21 +23,10 @@ def test_notebook_02_block_pool_steps(chromium, jupyterlab, tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     blocked, page_errors = [], []
 
-    def only_loopback(route):
-        req = route.request.url
-        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
-            route.continue_()
-        else:
-            blocked.append(req)
-            route.abort()
-
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        context = offline_context(p, chromium, tmp_path / "chromium-profile", url, blocked)
         page = None
         try:
-            context.route("**/*", only_loopback)
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
             page.goto(f"{url}/lab/tree/{NOTEBOOK}", wait_until="domcontentloaded", timeout=120_000)
