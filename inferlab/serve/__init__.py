@@ -5,6 +5,7 @@
     serving.py       /v1/completions and /v1/chat/completions: prompts in, JSON or SSE out
     chat.py          chat messages -> one prompt (the model's chat template or a plain default)
     metrics.py       /metrics in Prometheus format, under vLLM's metric names
+    limits.py        what is refused before any work: size caps, the API key, a full queue (429)
     api_server.py    the FastAPI app: routes, OpenAI-style errors, client disconnects
     launcher.py      load a model and run the app (foreground, or a background thread)
 
@@ -14,6 +15,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+
+from inferlab.serve.limits import ServerLimits
 
 _PLAIN = "inferlab serve: an OpenAI-compatible HTTP server on the engine"
 
@@ -23,24 +28,59 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="target", help="embedded name, HF folder or hub id (default: target)")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--enable-prefix-caching", action="store_true")
-    p.add_argument("--enable-chunked-prefill", action="store_true")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
+    p.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default: the device's usual one)")
+    p.add_argument("--block-size", type=int, default=16, help="KV cache slots per block (default: 16)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV blocks in the pool (default: max-num-seqs full contexts, capped by memory)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences in the running batch (default: 64)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens computed per step (default: max(context, 2048); 512 with chunked prefill)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length, prompt + output (default: the model's)")
+    p.add_argument("--enable-prefix-caching", action="store_true",
+                   help="reuse the KV blocks of prompts that share a prefix (default: off)")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="split long prompts over several steps, mixed with decodes (default: off)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info)")
+    d = ServerLimits()
+    g = p.add_argument_group("limits", "what the server refuses (400, or 429 when the queue is full)")
+    g.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (/health and /metrics stay open; "
+                        "default: $INFERLAB_API_KEY, else no key)")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"largest request body (default: {d.max_body_bytes})")
+    g.add_argument("--max-prompts", type=int, default=d.max_prompts,
+                   help=f"prompts in one /v1/completions request (default: {d.max_prompts})")
+    g.add_argument("--max-stop", type=int, default=d.max_stop,
+                   help=f"stop strings, and stop_token_ids, per request (default: {d.max_stop})")
+    g.add_argument("--max-stop-chars", type=int, default=d.max_stop_chars,
+                   help=f"characters in one stop string (default: {d.max_stop_chars})")
+    g.add_argument("--max-messages", type=int, default=d.max_messages,
+                   help=f"messages in one chat request (default: {d.max_messages})")
+    g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests,
+                   help=f"requests queued before new ones get 429 (default: {d.max_waiting_requests})")
     return p
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    """The ``ServerLimits`` the command line asks for; a bad value is a one-line usage error."""
+    try:
+        return ServerLimits(max_body_bytes=args.max_body_bytes, max_prompts=args.max_prompts,
+                            max_stop=args.max_stop, max_stop_chars=args.max_stop_chars,
+                            max_messages=args.max_messages, max_waiting_requests=args.max_waiting_requests,
+                            api_key=args.api_key)
+    except ValueError as exc:
+        parser().error(re.sub(r"\b(max_\w+|api_key)\b", lambda m: "--" + m[1].replace("_", "-"), str(exc)))
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser().error(f"--port must be in 0..65535, got {args.port}")
+    limits = limits_from_args(args)
     try:
         from inferlab.serve.launcher import make_app, serve
     except ImportError as exc:
@@ -49,7 +89,7 @@ def main(argv: list[str]) -> int:
         raise InferlabError(f"inferlab serve needs the serve extra ({exc.name} is missing): "
                             f"pip install 'inferlab[serve]'") from None
 
-    app = make_app(args.model, args.served_model_name, device=args.device, dtype=args.dtype,
+    app = make_app(args.model, args.served_model_name, limits, device=args.device, dtype=args.dtype,
                    block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,

@@ -7,10 +7,12 @@
     GET  /metrics                Prometheus text format, vLLM's metric names (metrics.py)
 
 Any OpenAI client talks to it: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")``.
-Refused requests get OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``)
-with status 400 (404 for a model the server does not serve), never a stack trace. A client that
-goes away mid-request has its request aborted, which frees its KV blocks; requests that arrive
-while the KV pool is full wait in the scheduler's queue.
+Refused requests get OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``),
+never a stack trace: 400 for a bad or oversized request, 401 for a wrong API key, 404 for a model
+or route the server does not have, 405 for a wrong method, 429 with ``Retry-After`` when the
+waiting queue is full (``limits.py``). The official client raises its typed exception for each.
+A client that goes away mid-request has its request aborted, which frees its KV blocks; requests
+that arrive while the KV pool is full wait in the scheduler's queue, up to its bound.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from inferlab.serve.chat import ChatTemplate
+from inferlab.serve.limits import ApiKeyCheck, BodySizeLimit, QueueFullError, ServerLimits
 from inferlab.serve.metrics import CONTENT_TYPE, ServerMetrics, engine_stats
 from inferlab.serve.serving import ApiError, EventStream, OpenAIServing
 
@@ -32,19 +36,24 @@ log = logging.getLogger("inferlab.serve")
 
 
 def build_app(engine, tokenizer, model_name: str, chat_template: ChatTemplate | None = None,
-              root: str | None = None) -> FastAPI:
+              root: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
     """The ASGI app over an ``LLMEngine``; it starts the engine loop now and stops it at shutdown."""
+    limits = limits or ServerLimits()
     metrics = ServerMetrics(model_name)
     async_engine = AsyncLLMEngine(engine, on_step=metrics.observe)
-    serving = OpenAIServing(async_engine, tokenizer, model_name, chat_template, root)
+    serving = OpenAIServing(async_engine, tokenizer, model_name, chat_template, root, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         async_engine.shutdown()
+        serving.executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="inferlab", lifespan=lifespan)
     app.state.engine, app.state.serving, app.state.metrics = async_engine, serving, metrics
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes, error_body=P.error_body)
+    if limits.api_key is not None:  # added last, so it runs first: no body is read for a stranger
+        app.add_middleware(ApiKeyCheck, api_key=limits.api_key, error_body=P.error_body)
 
     @app.exception_handler(ApiError)
     async def api_error(_, exc: ApiError):
@@ -53,6 +62,21 @@ def build_app(engine, tokenizer, model_name: str, chat_template: ChatTemplate | 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
         return JSONResponse(P.error_body(*_describe(exc), status=400), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # unknown route, wrong method
+        allow = (getattr(exc, "headers", None) or {}).get("Allow")
+        message = {404: f"there is no route {request.url.path}: the API is under /v1 (/v1/models, "
+                        f"/v1/completions, /v1/chat/completions)",
+                   405: f"{request.url.path} does not take {request.method}: use {allow}"}.get(
+            exc.status_code, str(exc.detail))
+        return JSONResponse(P.error_body(message, status=exc.status_code), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(QueueFullError)
+    async def queue_full(_, exc: QueueFullError):
+        return JSONResponse(P.error_body(str(exc), status=429), status_code=429,
+                            headers={"Retry-After": str(limits.retry_after_s)})
 
     @app.exception_handler(EngineDeadError)
     async def dead(_, exc: EngineDeadError):

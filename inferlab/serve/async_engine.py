@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
@@ -28,6 +29,7 @@ from typing import AsyncIterator, Callable
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.outputs import RequestOutput
 from inferlab.sampling import SamplingParams
+from inferlab.serve.limits import QueueFullError
 
 log = logging.getLogger("inferlab.serve")
 
@@ -38,18 +40,31 @@ class EngineDeadError(RuntimeError):
 
 class RequestStream:
     """One request's outputs, crossing from the engine thread to the event loop. Iterate it to get
-    the outputs until the request finishes; leaving the iteration early aborts the request."""
+    the outputs until the request finishes; leaving the iteration early aborts the request.
+
+    It holds at most one output not yet read (vLLM v1's ``RequestOutputCollector``): when the
+    reader falls behind (a slow client), the next output is merged into the waiting one, text
+    deltas concatenated and the cumulative fields replaced. A slow reader costs one output's
+    memory, never a backlog of steps."""
 
     def __init__(self, owner: "AsyncLLMEngine", request_id: str, loop: asyncio.AbstractEventLoop):
-        self.owner, self.request_id = owner, request_id
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.owner, self.request_id, self.loop = owner, request_id, loop
+        self.pending: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
         self.finished = False
 
     def put(self, item) -> None:  # called in the engine thread
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._put, item)
         except RuntimeError:  # the event loop is closed (shutting down): nobody is listening
             pass
+
+    def _put(self, item) -> None:  # on the event loop
+        if self.pending is None or isinstance(item, BaseException):
+            self.pending = item
+        elif not isinstance(self.pending, BaseException):
+            self.pending = merge_outputs(self.pending, item)
+        self.ready.set()
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._outputs()
@@ -57,7 +72,9 @@ class RequestStream:
     async def _outputs(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self.queue.get()
+                await self.ready.wait()
+                self.ready.clear()
+                item, self.pending = self.pending, None
                 if isinstance(item, BaseException):
                     self.finished = True
                     raise item
@@ -70,6 +87,19 @@ class RequestStream:
         if not self.finished:
             self.finished = True
             self.owner.abort(self.request_id)
+
+
+def merge_outputs(old: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """``new`` carrying ``old``'s unread deltas in front of its own (per completion index)."""
+    before = {c.index: c for c in old.outputs}
+    outputs = []
+    for c in new.outputs:
+        o = before.get(c.index)
+        if o is not None:
+            c = dataclasses.replace(c, delta_text=o.delta_text + c.delta_text,
+                                    delta_token_ids=o.delta_token_ids + c.delta_token_ids)
+        outputs.append(c)
+    return dataclasses.replace(new, outputs=outputs)
 
 
 class AsyncLLMEngine:
@@ -99,23 +129,48 @@ class AsyncLLMEngine:
     async def run(self, fn: Callable[[LLMEngine], object]):
         return await asyncio.wrap_future(self.call(fn))
 
-    async def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                          arrival_time: float | None = None) -> RequestStream:
-        """Queue a request; iterate the returned stream for its outputs (text deltas).
-        ``ValueError`` from ``LLMEngine.add_request`` (a prompt too long for the pool...) is raised here."""
-        stream = RequestStream(self, request_id, asyncio.get_running_loop())
+    async def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]], stream: bool = True,
+                           arrival_time: float | None = None, max_waiting: int | None = None) -> list[RequestStream]:
+        """Queue ``requests`` ((id, prompt ids, params) each) all together or none; iterate each
+        returned stream for its outputs. ``stream=False`` adds them final-only: the engine reports
+        each once, finished, so no per-step output crosses the threads. ``max_waiting``: refuse with
+        ``QueueFullError`` if the requests waiting to run would then number more. ``ValueError``
+        from ``LLMEngine.add_request`` (a prompt too long for the pool...) is raised here."""
+        loop = asyncio.get_running_loop()
+        streams = [RequestStream(self, rid, loop) for rid, _, _ in requests]
         arrival = time.monotonic() if arrival_time is None else arrival_time
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(request_id, prompt_token_ids, params, arrival_time=arrival)
-            self._streams[request_id] = stream
+            if max_waiting is not None:
+                waiting = len({seq.request_id for seq in engine.scheduler.waiting})
+                if waiting + len(requests) > max_waiting:
+                    raise QueueFullError(f"the server is busy: {waiting} requests are waiting to run (at most "
+                                         f"{max_waiting}): retry later")
+            added = []
+            try:
+                for (rid, ids, params), s in zip(requests, streams):
+                    engine.add_request(rid, ids, params, arrival_time=arrival, stream=stream)
+                    added.append(rid)
+                    self._streams[rid] = s
+            except BaseException:
+                for rid in added:
+                    self._streams.pop(rid, None)
+                    engine.abort_request(rid)
+                raise
 
         try:
             await self.run(add)
-        except asyncio.CancelledError:  # the add may have run: do not leave the request behind
-            self.abort(request_id)
+        except asyncio.CancelledError:  # the add may have run: do not leave the requests behind
+            for rid, _, _ in requests:
+                self.abort(rid)
             raise
-        return stream
+        return streams
+
+    async def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                          arrival_time: float | None = None, stream: bool = True) -> RequestStream:
+        """One request; see ``add_requests``."""
+        (s,) = await self.add_requests([(request_id, prompt_token_ids, params)], stream, arrival_time)
+        return s
 
     def abort(self, request_id: str) -> None:
         """Abort from any thread; a request already finished is left alone."""
@@ -193,7 +248,7 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
         async for out in streams[0]:
             yield 0, out
         return
-    merged: asyncio.Queue = asyncio.Queue()
+    merged: asyncio.Queue = asyncio.Queue(maxsize=len(streams))  # bounded: a slow reader lets streams merge
 
     async def pump(i, stream):
         try:

@@ -18,26 +18,28 @@ import uvicorn
 
 from inferlab.serve.api_server import build_app
 from inferlab.serve.chat import ChatTemplate
+from inferlab.serve.limits import ServerLimits
 
 log = logging.getLogger("inferlab.serve")
 
 
-def make_app(model: str = "target", served_model_name: str | None = None, **llm_kwargs):
+def make_app(model: str = "target", served_model_name: str | None = None, limits: ServerLimits | None = None,
+             **llm_kwargs):
     """Load ``model`` into an ``LLM`` (``llm_kwargs``: device, dtype and the engine's knobs) and
-    return the ASGI app that serves it."""
+    return the ASGI app that serves it, refusing what ``limits`` caps."""
     from inferlab.llm import LLM
     from inferlab.loader import resolve_model_path
 
     llm = LLM(model=model, **llm_kwargs)
     folder = resolve_model_path(model)
     return build_app(llm.llm_engine, llm.tokenizer, served_model_name or str(model),
-                     ChatTemplate.from_folder(folder), root=str(folder))
+                     ChatTemplate.from_folder(folder), root=str(folder), limits=limits)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    if not _is_loopback(host):
-        log.warning("listening on %s: anyone who reaches this address can use the model (no API key is checked)",
-                    host)
+    if not _is_loopback(host) and app.state.serving.limits.api_key is None:
+        log.warning("listening on %s: anyone who reaches this address can use the model (no API key is checked: "
+                    "pass --api-key or set INFERLAB_API_KEY)", host)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 

@@ -92,30 +92,37 @@ class ServerMetrics:
             metric.labels(model_name)  # present (at zero) from the first scrape on
         for reason in ("stop", "length"):
             self.success.labels(model_name, reason)
-        self._last_token: dict[str, float] = {}
+        self._last_token: dict[str, tuple[float, int]] = {}  # request -> (last token time, tokens seen)
 
     def observe(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """After a step, in the engine thread: TTFT, inter-token gaps, finished requests."""
+        """After a step, in the engine thread: TTFT, inter-token gaps, finished requests.
+
+        Read from the engine's request table, not only from ``outputs``: a final-only request
+        (a non-streaming one) has no output until it finishes, yet each of its tokens counts."""
         name = self.model_name
-        for out in outputs:
-            m, rid = out.metrics, out.request_id
-            new = sum(len(c.delta_token_ids) for c in out.outputs)
-            if m is not None and new and m.last_token_time is not None:
-                prev = self._last_token.get(rid)
-                if prev is None:
+        finished = {out.request_id: out for out in outputs if out.finished}
+        live = [(rid, req.metrics, sum(len(seq.output_token_ids) for seq in req.seqs))
+                for rid, req in engine.requests.items() if rid not in finished]
+        done = [(rid, out.metrics, sum(len(c.token_ids) for c in out.outputs)) for rid, out in finished.items()]
+        for rid, m, num_tokens in live + done:
+            prev_time, prev_tokens = self._last_token.get(rid, (None, 0))
+            new = num_tokens - prev_tokens
+            if m is not None and new > 0 and m.last_token_time is not None:
+                if prev_time is None:
                     self.ttft.labels(name).observe(m.first_token_time - m.arrival_time)
                     self.queue.labels(name).observe(m.first_scheduled_time - m.arrival_time)
-                elif m.last_token_time > prev:
-                    self.tpot.labels(name).observe(m.last_token_time - prev)
-                self._last_token[rid] = m.last_token_time
+                elif m.last_token_time > prev_time:
+                    self.tpot.labels(name).observe(m.last_token_time - prev_time)
+                self._last_token[rid] = (m.last_token_time, num_tokens)
                 self.generation_tokens.labels(name).inc(new)
-            if out.finished:
-                self._last_token.pop(rid, None)
-                self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
-                for c in out.outputs:
-                    self.success.labels(name, c.finish_reason).inc()
-                if m is not None and m.finished_time is not None:
-                    self.e2e.labels(name).observe(m.finished_time - m.arrival_time)
+        for rid, out in finished.items():
+            m = out.metrics
+            self._last_token.pop(rid, None)
+            self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
+            for c in out.outputs:
+                self.success.labels(name, c.finish_reason).inc()
+            if m is not None and m.finished_time is not None:
+                self.e2e.labels(name).observe(m.finished_time - m.arrival_time)
         if len(self._last_token) > len(engine.requests):  # aborted requests leave no final output
             for rid in [r for r in self._last_token if r not in engine.requests]:
                 del self._last_token[rid]

@@ -200,6 +200,7 @@ class ModelList(BaseModel):
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> dict:
     """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+            405: "MethodNotAllowedError", 429: "RateLimitError", 503: "ServiceUnavailableError"}.get(
         status, "InternalServerError")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -3,10 +3,19 @@
 One HTTP request may become several engine requests: a list of prompts gives one each (their
 ``n`` completions are forked inside the engine). Their outputs are merged as they come, and choice
 ``i * n + j`` is completion ``j`` of prompt ``i``, as in OpenAI's API. Streaming answers are
-server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``.
+server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``; other answers are added to
+the engine final-only, so nothing crosses the threads until they finish.
+
+The event loop only routes: tokenizing a prompt and rendering a chat template (milliseconds to
+seconds for a long prompt) run on a worker thread, as in vLLM, so one large request never stalls
+the other clients' streams or ``/health``. Requests are admitted while the engine's waiting queue
+has room (``limits.py``); beyond it they get 429 at once instead of joining a backlog.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import json
 import logging
 import time
@@ -16,6 +25,7 @@ from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine, RequestStream, collect_finals, merge_streams
 from inferlab.serve.chat import ChatTemplate
+from inferlab.serve.limits import QueueFullError, ServerLimits, request_problem
 
 log = logging.getLogger("inferlab.serve")
 
@@ -41,10 +51,16 @@ class EventStream:
 
 class OpenAIServing:
     def __init__(self, engine: AsyncLLMEngine, tokenizer, model_name: str,
-                 chat_template: ChatTemplate | None = None, root: str | None = None):
+                 chat_template: ChatTemplate | None = None, root: str | None = None,
+                 limits: ServerLimits | None = None):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.chat_template = chat_template or ChatTemplate()
         self.root = root
+        self.limits = limits or ServerLimits()
+        # one worker, as vLLM's tokenizer executor: prompts are tokenized in arrival order
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="inferlab-tokenize")
+        self.num_admitting = 0  # requests between arrival and the engine's queue (tokenizing, in flight)
+        self.num_jobs = 0       # tokenizer jobs submitted and not yet ended
         cfg = engine.engine.config
         self.max_model_len = cfg.max_model_len
         self.pool_slots = cfg.num_kv_blocks * cfg.block_size
@@ -61,6 +77,40 @@ class OpenAIServing:
         problem = req.unsupported()
         if problem:
             raise ApiError(problem)
+        capped = request_problem(req, self.limits)
+        if capped:
+            raise ApiError(*capped)
+
+    async def _off_loop(self, fn, *args):
+        """``fn(*args)`` on the tokenizer thread, so the event loop keeps serving meanwhile. A job
+        counts until it ends, even when its client left: a job that cannot be called back still
+        holds its place at the door."""
+        loop = asyncio.get_running_loop()
+        job = self.executor.submit(fn, *args)
+        self.num_jobs += 1
+        def done(_):
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                loop.call_soon_threadsafe(self._job_done)
+
+        job.add_done_callback(done)
+        return await asyncio.wrap_future(job)
+
+    def _job_done(self) -> None:
+        self.num_jobs -= 1
+
+    @contextlib.contextmanager
+    def _admission(self):
+        """Count a request from arrival until the engine has queued it; refuse it at the door when
+        as many are already on their way as the waiting queue holds."""
+        busy = max(self.num_admitting, self.num_jobs)
+        if busy >= self.limits.max_waiting_requests:
+            raise QueueFullError(f"the server is busy: {busy} requests are being admitted "
+                                 f"(at most {self.limits.max_waiting_requests}): retry later")
+        self.num_admitting += 1
+        try:
+            yield
+        finally:
+            self.num_admitting -= 1
 
     def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
         limit = min(self.max_model_len, self.pool_slots)
@@ -102,35 +152,44 @@ class OpenAIServing:
 
     async def _submit(self, request_id: str, prompts: list[list[int]], req, max_tokens: int | None,
                       arrival: float) -> list[RequestStream]:
-        streams: list[RequestStream] = []
+        """All prompts queued in the engine together (or none), streaming or final-only."""
+        batch = []
+        for i, ids in enumerate(prompts):
+            try:
+                params = req.sampling_params(self._max_tokens(max_tokens, len(ids)))
+            except ValueError as exc:
+                raise ApiError(str(exc)) from None
+            batch.append((f"{request_id}-{i}", ids, params))
         try:
-            for i, ids in enumerate(prompts):
-                try:
-                    params = req.sampling_params(self._max_tokens(max_tokens, len(ids)))
-                    streams.append(await self.engine.add_request(f"{request_id}-{i}", ids, params, arrival))
-                except ValueError as exc:
-                    raise ApiError(str(exc)) from None
-        except BaseException:
-            for s in streams:
-                s.abort()
-            raise
-        return streams
+            return await self.engine.add_requests(batch, stream=req.stream, arrival_time=arrival,
+                                                  max_waiting=self.limits.max_waiting_requests)
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
 
     # ---- /v1/completions ----------------------------------------------------------------------
     async def completions(self, req: P.CompletionRequest):
         """A CompletionResponse, or an EventStream when ``req.stream``."""
         arrival = time.monotonic()
         self._check(req)
-        prompts = self._prompts(req.prompt)
-        rid = P.new_id("cmpl")
-        streams = await self._submit(rid, prompts, req, req.max_tokens, arrival)
-        echo = [self.tokenizer.decode(ids) if req.echo and self.tokenizer else "" for ids in prompts]
+        with self._admission():
+            prompts = await self._off_loop(self._prompts, req.prompt)
+            rid = P.new_id("cmpl")
+            streams = await self._submit(rid, prompts, req, req.max_tokens, arrival)
+        try:
+            echo = await self._off_loop(self._echo, prompts) if req.echo else [""] * len(prompts)
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
         if req.stream:
             return EventStream(self._completion_events(rid, req, streams, prompts, echo), streams)
         finals = await collect_finals(streams)
         choices = [P.CompletionChoice(index=i * req.n + c.index, text=echo[i] + c.text, finish_reason=c.finish_reason)
                    for i, out in enumerate(finals) for c in out.outputs]
         return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage(finals))
+
+    def _echo(self, prompts: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(ids) if self.tokenizer else "" for ids in prompts]
 
     async def _completion_events(self, rid, req, streams, prompts, echo) -> AsyncIterator[str]:
         def chunk(choices, usage=None):
@@ -153,6 +212,19 @@ class OpenAIServing:
         arrival = time.monotonic()
         self._check(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        with self._admission():
+            ids = await self._off_loop(self._chat_prompt, messages)
+            rid = P.new_id("chatcmpl")
+            max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            streams = await self._submit(rid, [ids], req, max_tokens, arrival)
+        if req.stream:
+            return EventStream(self._chat_events(rid, req, streams), streams)
+        (out,) = await collect_finals(streams)
+        choices = [P.ChatChoice(index=c.index, message=P.ChatMessageOut(content=c.text),
+                                finish_reason=c.finish_reason) for c in out.outputs]
+        return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
+
+    def _chat_prompt(self, messages: list[dict]) -> list[int]:
         try:
             text = self.chat_template.render(messages)
         except Exception as exc:  # the template refused the conversation (jinja2's TemplateError...)
@@ -160,15 +232,7 @@ class OpenAIServing:
         ids = self._encode(text, add_special_tokens=self.chat_template.is_default)
         if not ids:
             raise ApiError("the messages are empty: give some content", param="messages")
-        rid = P.new_id("chatcmpl")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        streams = await self._submit(rid, [ids], req, max_tokens, arrival)
-        if req.stream:
-            return EventStream(self._chat_events(rid, req, streams), streams)
-        (out,) = await collect_finals(streams)
-        choices = [P.ChatChoice(index=c.index, message=P.ChatMessageOut(content=c.text),
-                                finish_reason=c.finish_reason) for c in out.outputs]
-        return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
+        return ids
 
     async def _chat_events(self, rid, req, streams) -> AsyncIterator[str]:
         def chunk(choices, usage=None):
