@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
+import openai
 from openai import AsyncOpenAI
 
 from inferlab.llm import LLM
@@ -84,3 +86,75 @@ def test_client_leaving_before_the_answer_aborts_its_request(server):
     stats = wait_idle(server, timeout=10)
     assert stats["requests"] == 0 and stats["used_blocks"] == 0
     assert _generated(server) - before < 250
+
+
+def test_a_full_queue_answers_429_and_every_admitted_request_completes():
+    """A burst bigger than the waiting queue: the excess gets 429 with Retry-After, at once; every
+    admitted request runs to its end; the queue never holds more than its bound; no KV block is
+    left behind; and /health answers throughout, even while the engine is stuck in a long step.
+
+    Two bursts: the first lands while the engine is busy (a 1.5 s command stands in for a slow
+    step), so it is bounded at the door (requests being admitted); the second lands while two
+    requests wait to run, so it is bounded by the engine's waiting queue."""
+    from inferlab.serve.launcher import ServerThread, make_app
+    from inferlab.serve.limits import ServerLimits
+
+    max_waiting = 4
+    app = make_app("draft", device="cpu", max_num_seqs=2, num_kv_blocks=64,
+                   limits=ServerLimits(max_waiting_requests=max_waiting, max_prompts=4))
+    with ServerThread(app) as server:
+        waiting = []
+        on_engine(server, lambda e: e.step_hooks.append(lambda _, rec: waiting.append(rec["num_waiting"])))
+        client = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        health = []
+
+        async def one(i):
+            t0 = time.monotonic()
+            try:
+                return await client.completions.create(model="draft", prompt=f"def f{i}(x):", max_tokens=100,
+                                                       temperature=0, extra_body={"ignore_eos": True})
+            except openai.RateLimitError as exc:
+                exc.seconds = time.monotonic() - t0
+                return exc
+
+        async def watch(done: asyncio.Event):
+            async with httpx.AsyncClient(timeout=10) as http:
+                while not done.is_set():
+                    t0 = time.monotonic()
+                    status = (await http.get(server.url + "/health")).status_code
+                    health.append((status, time.monotonic() - t0))
+                    await asyncio.sleep(0.02)
+
+        async def run():
+            done = asyncio.Event()
+            watcher = asyncio.ensure_future(watch(done))
+            busy = server.app.state.engine.call(lambda e: time.sleep(1.5))
+            first = [asyncio.ensure_future(one(i)) for i in range(20)]
+            await asyncio.wrap_future(busy)
+            await asyncio.sleep(0.05)  # the admitted four are in: two run, two wait
+            second = await asyncio.gather(*[one(i) for i in range(20, 28)])
+            outs = await asyncio.gather(*first) + second
+            done.set()
+            await watcher
+            return outs[:20], outs[20:]
+
+        first, second = asyncio.run(run())
+        for burst in (first, second):
+            refused = [o for o in burst if isinstance(o, openai.RateLimitError)]
+            served = [o for o in burst if not isinstance(o, openai.RateLimitError)]
+            assert refused and served, (len(refused), len(served))
+            for e in refused:
+                assert e.status_code == 429 and e.response.headers["retry-after"] == "1"
+                assert e.type == "RateLimitError" and "busy" in e.message
+            assert all(o.choices[0].finish_reason == "length" and o.usage.completion_tokens == 100 for o in served)
+        assert len([o for o in first if not isinstance(o, Exception)]) == max_waiting
+        # refused at the door, not after the busy step: no backlog formed behind the engine
+        assert max(e.seconds for e in first if isinstance(e, Exception)) < 1.0
+        assert max(waiting) <= max_waiting
+        assert all(status == 200 for status, _ in health) and len(health) > 20
+        assert max(seconds for _, seconds in health) < 1.0  # never behind the busy engine
+        stats = wait_idle(server)
+        assert stats["requests"] == 0 and stats["free_blocks"] == stats["total_blocks"]
+        print(f"served {[sum(not isinstance(o, Exception) for o in b) for b in (first, second)]} of 20 + 8, "
+              f"most waiting {max(waiting)}, {len(health)} /health answers, slowest "
+              f"{max(s for _, s in health):.3f} s")
