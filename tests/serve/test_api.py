@@ -137,3 +137,105 @@ def test_a_failing_step_fails_its_requests_and_the_server_goes_on(server, client
     assert events[-1] == "[DONE]" and "injected step failure" in json.loads(events[-2])["error"]["message"]
     assert wait_idle(server)["used_blocks"] == 0
     assert client.completions.create(model="draft", prompt="x", max_tokens=3).usage.completion_tokens >= 1
+
+
+def _stream_texts(chunks) -> tuple[dict, dict]:
+    """choice index -> streamed text, and -> the finish reasons it was sent (one expected)."""
+    texts, reasons = {}, {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason is not None:
+                reasons.setdefault(c.index, []).append(c.finish_reason)
+    return texts, reasons
+
+
+def test_streamed_choices_of_several_prompts_times_n_are_indexed_i_times_n_plus_j(client):
+    """Three prompts, n = 3: choice i * n + j is completion j of prompt i, streamed or not."""
+    kw = dict(model="draft", prompt=["import sys", "class A:", "def g("], n=3, max_tokens=8, temperature=0.8,
+              seed=5)
+    whole = {c.index: (c.text, c.finish_reason) for c in client.completions.create(**kw).choices}
+    texts, reasons = _stream_texts(client.completions.create(**kw, stream=True))
+    assert sorted(texts) == sorted(whole) == list(range(9))
+    assert {i: (texts[i], reasons[i][0]) for i in texts} == whole
+    assert all(len(r) == 1 for r in reasons.values())  # each choice finishes once
+    for i, prompt in enumerate(kw["prompt"]):  # prompt i alone gives choices i*n .. i*n + n-1
+        alone = client.completions.create(**{**kw, "prompt": prompt}).choices
+        assert [c.text for c in alone] == [whole[i * 3 + j][0] for j in range(3)]
+
+
+def _stop_inside_a_token(offline, prompt: str, max_tokens: int) -> tuple[str, str]:
+    """The greedy text of ``prompt`` and a 6-character stop string that starts in the middle of one
+    token and ends in a later one, at its first occurrence: the stream must hold back the
+    partial match it sees first and never send it."""
+    ids = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                    ignore_eos=True))[0].outputs[0].token_ids
+    text = offline.tokenizer.decode(ids)
+    ends = sorted({len(offline.tokenizer.decode(ids[:k])) for k in range(1, len(ids))})
+    for end in ends:
+        stop = text[end - 2:end + 4]
+        if end > 10 and len(stop) == 6 and text.find(stop) == end - 2 and end - 2 not in ends \
+                and "\ufffd" not in stop:
+            return text, stop
+    raise AssertionError("no stop string that spans tokens: pick another prompt")
+
+
+def test_streaming_with_a_stop_string_sends_nothing_past_it(client, offline):
+    text, stop = _stop_inside_a_token(offline, PROMPT, 60)
+    kw = dict(model="draft", prompt=PROMPT, max_tokens=60, temperature=0, stop=["@@never@@", stop],
+              extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(**kw, stream=True))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert whole.text == streamed == text[:text.find(stop)]
+    assert whole.finish_reason == chunks[-1].choices[0].finish_reason == "stop"
+    chat = client.chat.completions.create(model="draft", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=60, temperature=0, stop=stop, stream=True,
+                                          extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chat) == streamed
+
+
+def test_streaming_n_with_a_stop_string_equals_non_streamed(client):
+    kw = dict(model="draft", prompt=["def g(", "import"], n=2, max_tokens=30, temperature=0.9, seed=2,
+              stop=["\n"])
+    whole = {c.index: (c.text, c.finish_reason) for c in client.completions.create(**kw).choices}
+    texts, reasons = _stream_texts(client.completions.create(**kw, stream=True))
+    assert {i: (texts[i], reasons[i][0]) for i in texts} == whole
+    assert any(reason == "stop" for _, reason in whole.values())
+
+
+def test_seeded_sampling_is_reproducible_under_concurrent_load(server):
+    """The same seed gives the same text while other requests share its batches: each request
+    samples from its own generator, whatever else the step holds."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    from serve.conftest import wait_idle
+
+    seeded = dict(model="draft", prompt="for i in", max_tokens=24, temperature=1.0, seed=1234)
+    aclient = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    async def run():
+        alone = (await aclient.completions.create(**seeded)).choices[0].text
+        others = [aclient.completions.create(model="draft", prompt=f"x{i} = ", max_tokens=20 + 3 * i,
+                                             temperature=1.0, **({"seed": i} if i % 2 else {}))
+                  for i in range(6)]
+        mixed = await asyncio.gather(*others[:3], *[aclient.completions.create(**seeded) for _ in range(3)],
+                                     *others[3:], aclient.completions.create(**{**seeded, "n": 2}))
+        return alone, [m.choices[0].text for m in mixed[3:6]], mixed[-1]
+
+    wait_idle(server)
+    batch_sizes = []
+    from serve.conftest import on_engine
+
+    hook = lambda _, rec: batch_sizes.append(len(rec["scheduled"]))  # noqa: E731
+    on_engine(server, lambda e: e.step_hooks.append(hook))
+    try:
+        alone, under_load, with_n = asyncio.run(run())
+    finally:
+        on_engine(server, lambda e: e.step_hooks.remove(hook))
+    assert max(batch_sizes) >= 4  # the seeded requests really shared steps with others
+    assert under_load == [alone] * 3
+    assert with_n.choices[0].text == alone  # child 0 of n keeps the seed; child 1 uses seed + 1
+    assert with_n.choices[1].text != alone
