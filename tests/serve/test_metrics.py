@@ -34,24 +34,43 @@ def test_metrics_count_what_the_requests_did(server, client):
     ttft0 = value(before, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count")
     gen0 = value(before, "vllm:generation_tokens", "vllm:generation_tokens_total")
     tpot0 = value(before, "vllm:time_per_output_token_seconds", "vllm:time_per_output_token_seconds_count")
+    success0 = {r: value(before, "vllm:request_success", "vllm:request_success_total", finished_reason=r)
+                for r in ("stop", "length")}
 
-    usage = [client.completions.create(model="draft", prompt=p, max_tokens=12, temperature=0, stream=s,
-                                       **({"stream_options": {"include_usage": True}} if s else {}))
-             for p, s in (("import os", False), ("def f(x):", True), ("class B:", False))]
-    usage = [u.usage if hasattr(u, "usage") else list(u)[-1].usage for u in usage]
+    # streamed and final-only requests, ending at a stop string and at max_tokens
+    runs = [(p, s, stop) for p, s, stop in (("import os", False, None), ("def f(x):", True, None),
+                                            ("class B:", False, None), ("def f(x):", False, "\n"),
+                                            ("def f(x):", True, "\n"))]
+    answers = [client.completions.create(model="draft", prompt=p, max_tokens=12, temperature=0, stream=s, stop=stop,
+                                         **({"stream_options": {"include_usage": True}} if s else {}))
+               for p, s, stop in runs]
+    usage, reasons = [], []
+    for a in answers:
+        if hasattr(a, "usage"):
+            usage.append(a.usage)
+            reasons.append(a.choices[0].finish_reason)
+        else:
+            chunks = list(a)
+            usage.append(chunks[-1].usage)
+            reasons.append([c.choices[0].finish_reason for c in chunks if c.choices][-1])
+    assert set(reasons) == {"stop", "length"}
     tokens = sum(u.completion_tokens for u in usage)
+    assert all(u.completion_tokens >= 1 for u in usage)
     wait_idle(server)
     after = scrape(server)
 
-    assert value(after, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") == ttft0 + 3
+    n = len(runs)
+    assert value(after, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count") == ttft0 + n
     assert value(after, "vllm:generation_tokens", "vllm:generation_tokens_total") == gen0 + tokens
     # one inter-token gap per token after the first of each request
     assert value(after, "vllm:time_per_output_token_seconds", "vllm:time_per_output_token_seconds_count") \
-        == tpot0 + tokens - 3
+        == tpot0 + tokens - n
     buckets = [v for (name, labels), v in after["vllm:time_to_first_token_seconds"].items() if name.endswith("_bucket")]
     assert buckets == sorted(buckets)  # cumulative
     assert value(after, "vllm:num_requests_running") == 0
     assert value(after, "vllm:num_requests_waiting") == 0
     assert value(after, "vllm:kv_cache_usage_perc") == 0.0
-    reasons = {dict(labels)["finished_reason"] for (_, labels) in after["vllm:request_success"]}
-    assert reasons == {"stop", "length"}
+    # each finished request counted once, under the reason it finished for (not merely present at 0)
+    for r in ("stop", "length"):
+        assert value(after, "vllm:request_success", "vllm:request_success_total", finished_reason=r) \
+            == success0[r] + reasons.count(r)
