@@ -1,4 +1,5 @@
-"""Refused requests: OpenAI's error JSON with status 400 (404 for an unknown model), never a trace;
+"""Refused requests: OpenAI's error JSON with status 400 (404 for an unknown model or route, 405 for
+a wrong method), never a trace;
 the official client raises its own exception types for them."""
 from __future__ import annotations
 
@@ -66,16 +67,36 @@ def test_unknown_model_is_404_as_in_openai_and_vllm(client):
 
 
 def test_a_refused_request_leaves_nothing_behind(server, client):
+    """A request's prompts are queued all together or not at all: when the engine refuses the
+    second, the first (100 tokens to go) is taken back before the answer leaves."""
     from serve.conftest import on_engine
 
-    with pytest.raises(openai.BadRequestError):  # the second prompt is refused after the first was queued
-        client.completions.create(model="draft", prompt=["def f():", "x = 1\n" * 123], max_tokens=100,
-                                  extra_body={"ignore_eos": True})
-    # the first one (100 tokens to go) was aborted before the answer left: nothing runs now
+    calls = []
+
+    def refuse_the_second(engine):
+        real = engine.add_request
+
+        def add_request(*a, **kw):
+            calls.append(a[0])
+            if len(calls) == 2:
+                raise ValueError("the engine refuses this prompt")
+            return real(*a, **kw)
+        engine.add_request = add_request
+
+    on_engine(server, refuse_the_second)
+    try:
+        with pytest.raises(openai.BadRequestError, match="refuses this prompt"):
+            client.completions.create(model="draft", prompt=["def f():", "x = 1"], max_tokens=100,
+                                      extra_body={"ignore_eos": True})
+    finally:
+        on_engine(server, lambda e: e.__dict__.pop("add_request"))
+    assert len(calls) == 2
     stats = on_engine(server, lambda e: {**e.kv_cache_stats(), "requests": len(e.requests)})
-    assert stats["requests"] == 0 and stats["used_blocks"] == 0
+    assert stats["requests"] == 0 and stats["used_blocks"] == 0 and stats["num_waiting"] == 0
+    with pytest.raises(openai.BadRequestError, match="context"):  # refused before the engine sees it
+        client.completions.create(model="draft", prompt=["def f():", "x = 1\n" * 123], max_tokens=100)
 
 
 def test_unknown_route_and_method(server):
-    assert httpx.get(server.url + "/v1/completions").status_code == 405
-    assert httpx.get(server.url + "/v2/nothing").status_code == 404
+    for r, status in ((httpx.get(server.url + "/v1/completions"), 405), (httpx.get(server.url + "/v2/nothing"), 404)):
+        assert r.status_code == status and r.json()["error"]["code"] == status
