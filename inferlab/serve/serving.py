@@ -79,7 +79,7 @@ class OpenAIServing:
             raise ApiError(problem)
         capped = request_problem(req, self.limits)
         if capped:
-            raise ApiError(*capped)
+            raise ApiError(capped[0], param=capped[1])
 
     async def _off_loop(self, fn, *args):
         """``fn(*args)`` on the tokenizer thread, so the event loop keeps serving meanwhile. A job
