@@ -60,6 +60,8 @@ def request_problem(req, limits: ServerLimits) -> tuple[str, str] | None:
     if len(stop) > limits.max_stop:
         return (f"{len(stop)} stop strings given, this server takes at most {limits.max_stop}: "
                 f"send fewer (--max-stop)", "stop")
+    if any(not s for s in stop):
+        return "a stop string is empty, which would stop before the first token: remove it", "stop"
     long = next((s for s in stop if len(s) > limits.max_stop_chars), None)
     if long is not None:
         return (f"a stop string has {len(long)} characters, this server takes at most {limits.max_stop_chars}: "

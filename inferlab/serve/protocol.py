@@ -17,7 +17,8 @@ from inferlab.sampling import SamplingParams
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and Infinity are refused: a NaN temperature would poison the step it shares with others
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(OpenAIModel):
@@ -32,7 +33,7 @@ class SamplingFields(OpenAIModel):
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     n: int = 1
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-(2**63), lt=2**64)  # what a torch.Generator takes
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False

@@ -30,6 +30,10 @@ def _post(server, path, **kw):
     (b'{"prompt": ""}', "prompt"),
     (b'{"prompt": [1, 99999]}', "prompt"),
     (b'{"prompt": []}', "prompt"),
+    (b'{"prompt": "x", "temperature": NaN}', "temperature"),   # would poison a whole engine step
+    (b'{"prompt": "x", "top_p": Infinity}', "top_p"),
+    (b'{"prompt": "x", "seed": 1180591620717411303424}', "seed"),
+    (b'{"prompt": "x", "stop": ["\\n", ""]}', "stop"),
 ])
 def test_bad_completion_requests_get_400(server, body, param):
     r = _post(server, "/v1/completions", content=body, headers={"content-type": "application/json"})
