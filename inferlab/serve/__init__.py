@@ -1,6 +1,7 @@
 """``inferlab serve``: the engine behind an OpenAI-compatible HTTP API.
 
-    async_engine.py  the engine loop on its own thread; per-request asyncio queues for streaming
+    async_engine.py  the engine loop on its own thread; requests queued all together, or refused (429)
+    streams.py       outputs on their way out: one-slot request streams, their merge, SSE
     protocol.py      OpenAI's request/response bodies (pydantic)
     serving.py       /v1/completions and /v1/chat/completions: prompts in, JSON or SSE out
     chat.py          chat messages -> one prompt (the model's chat template or a plain default)

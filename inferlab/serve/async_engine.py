@@ -8,10 +8,10 @@ The engine is not thread-safe, so exactly one thread owns it: the *engine loop*.
         else: sleep until the next command arrives
 
 HTTP handlers live on the asyncio event loop and never touch the engine: they post commands
-(plain callables) to a thread-safe inbox and read their request's ``asyncio.Queue``, which the
-engine loop fills with ``loop.call_soon_threadsafe``. Because the model's forward pass runs in the
-engine thread (and torch releases the GIL inside its kernels), the event loop keeps accepting and
-streaming while the engine computes: new requests join the running batch at the next step, which
+(plain callables) to a thread-safe inbox and read their request's ``RequestStream`` (streams.py:
+at most one unread output), which the engine loop fills with ``loop.call_soon_threadsafe``.
+Because the model's forward pass runs in the engine thread (and torch releases the GIL inside its
+kernels), the event loop keeps accepting and streaming while the engine computes: new requests join the running batch at the next step, which
 is continuous batching seen from the outside. vLLM's ``AsyncLLM`` has the same shape, with the
 engine in its own process instead of a thread.
 """
@@ -19,87 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.outputs import RequestOutput
 from inferlab.sampling import SamplingParams
 from inferlab.serve.limits import QueueFullError
+from inferlab.serve.streams import RequestStream
 
 log = logging.getLogger("inferlab.serve")
 
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; the server cannot answer until it is restarted."""
-
-
-class RequestStream:
-    """One request's outputs, crossing from the engine thread to the event loop. Iterate it to get
-    the outputs until the request finishes; leaving the iteration early aborts the request.
-
-    It holds at most one output not yet read (vLLM v1's ``RequestOutputCollector``): when the
-    reader falls behind (a slow client), the next output is merged into the waiting one, text
-    deltas concatenated and the cumulative fields replaced. A slow reader costs one output's
-    memory, never a backlog of steps."""
-
-    def __init__(self, owner: "AsyncLLMEngine", request_id: str, loop: asyncio.AbstractEventLoop):
-        self.owner, self.request_id, self.loop = owner, request_id, loop
-        self.pending: RequestOutput | BaseException | None = None
-        self.ready = asyncio.Event()
-        self.finished = False
-
-    def put(self, item) -> None:  # called in the engine thread
-        try:
-            self.loop.call_soon_threadsafe(self._put, item)
-        except RuntimeError:  # the event loop is closed (shutting down): nobody is listening
-            pass
-
-    def _put(self, item) -> None:  # on the event loop
-        if self.pending is None or isinstance(item, BaseException):
-            self.pending = item
-        elif not isinstance(self.pending, BaseException):
-            self.pending = merge_outputs(self.pending, item)
-        self.ready.set()
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._outputs()
-
-    async def _outputs(self) -> AsyncIterator[RequestOutput]:
-        try:
-            while not self.finished:
-                await self.ready.wait()
-                self.ready.clear()
-                item, self.pending = self.pending, None
-                if isinstance(item, BaseException):
-                    self.finished = True
-                    raise item
-                self.finished = item.finished
-                yield item
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.owner.abort(self.request_id)
-
-
-def merge_outputs(old: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """``new`` carrying ``old``'s unread deltas in front of its own (per completion index)."""
-    before = {c.index: c for c in old.outputs}
-    outputs = []
-    for c in new.outputs:
-        o = before.get(c.index)
-        if o is not None:
-            c = dataclasses.replace(c, delta_text=o.delta_text + c.delta_text,
-                                    delta_token_ids=o.delta_token_ids + c.delta_token_ids)
-        outputs.append(c)
-    return dataclasses.replace(new, outputs=outputs)
 
 
 class AsyncLLMEngine:
@@ -240,45 +176,3 @@ class AsyncLLMEngine:
             stream.put(exc)
             self.engine.abort_request(request_id)
         self._streams.clear()
-
-
-async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(stream index, output) from several streams in arrival order; leaving early aborts them all."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    merged: asyncio.Queue = asyncio.Queue(maxsize=len(streams))  # bounded: a slow reader lets streams merge
-
-    async def pump(i, stream):
-        try:
-            async for out in stream:
-                await merged.put((i, out))
-        except Exception as exc:
-            await merged.put((i, exc))
-        await merged.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            i, item = await merged.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        for s in streams:
-            s.abort()
-
-
-async def collect_finals(streams: list[RequestStream]) -> list[RequestOutput]:
-    finals: list = [None] * len(streams)
-    async for i, out in merge_streams(streams):
-        if out.finished:
-            finals[i] = out
-    return finals

@@ -16,18 +16,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
-import logging
 import time
 from typing import AsyncIterator
 
 from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
-from inferlab.serve.async_engine import AsyncLLMEngine, RequestStream, collect_finals, merge_streams
+from inferlab.serve.async_engine import AsyncLLMEngine
 from inferlab.serve.chat import ChatTemplate
 from inferlab.serve.limits import QueueFullError, ServerLimits, request_problem
-
-log = logging.getLogger("inferlab.serve")
+from inferlab.serve.streams import EventStream, RequestStream, collect_finals, merge_streams, sse
 
 
 class ApiError(Exception):
@@ -36,17 +33,6 @@ class ApiError(Exception):
     def __init__(self, message: str, status: int = 400, param: str | None = None):
         super().__init__(message)
         self.status, self.param = status, param
-
-
-class EventStream:
-    """A streaming answer: its SSE lines, and the engine requests to abort if it is never read."""
-
-    def __init__(self, events: AsyncIterator[str], streams: list[RequestStream]):
-        self.events, self.streams = sse_stream(events), streams
-
-    def close(self) -> None:
-        for s in self.streams:
-            s.abort()
 
 
 class OpenAIServing:
@@ -196,16 +182,16 @@ class OpenAIServing:
             return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage)
 
         if req.echo:
-            yield _sse(chunk([P.CompletionChoice(index=i * req.n + j, text=echo[i])
+            yield sse(chunk([P.CompletionChoice(index=i * req.n + j, text=echo[i])
                               for i in range(len(prompts)) for j in range(req.n)]))
         finals = []
         async for event in self._deltas(streams, req.n):
             if isinstance(event, list):
                 finals = event
             else:
-                yield _sse(chunk([P.CompletionChoice(index=event[0], text=event[1], finish_reason=event[2])]))
+                yield sse(chunk([P.CompletionChoice(index=event[0], text=event[1], finish_reason=event[2])]))
         if req.stream_options and req.stream_options.include_usage and finals:
-            yield _sse(chunk([], _usage(finals)))
+            yield sse(chunk([], _usage(finals)))
 
     # ---- /v1/chat/completions -----------------------------------------------------------------
     async def chat(self, req: P.ChatCompletionRequest):
@@ -238,7 +224,7 @@ class OpenAIServing:
         def chunk(choices, usage=None):
             return P.ChatCompletionChunk(id=rid, model=self.model_name, choices=choices, usage=usage)
 
-        yield _sse(chunk([P.ChatStreamChoice(index=j, delta=P.DeltaMessage(role="assistant", content=""))
+        yield sse(chunk([P.ChatStreamChoice(index=j, delta=P.DeltaMessage(role="assistant", content=""))
                           for j in range(req.n)]))
         finals = []
         async for event in self._deltas(streams, req.n):
@@ -247,9 +233,9 @@ class OpenAIServing:
             else:
                 index, text, reason = event
                 delta = P.DeltaMessage(content=text) if text or reason is None else P.DeltaMessage()
-                yield _sse(chunk([P.ChatStreamChoice(index=index, delta=delta, finish_reason=reason)]))
+                yield sse(chunk([P.ChatStreamChoice(index=index, delta=delta, finish_reason=reason)]))
         if req.stream_options and req.stream_options.include_usage and finals:
-            yield _sse(chunk([], _usage(finals)))
+            yield sse(chunk([], _usage(finals)))
 
     # ---- streaming, shared ----------------------------------------------------------------------
     async def _deltas(self, streams, n: int):
@@ -266,22 +252,6 @@ class OpenAIServing:
             if out.finished:
                 finals[i] = out
         yield finals
-
-
-def _sse(model) -> str:
-    return f"data: {model.model_dump_json()}\n\n"
-
-
-async def sse_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The events, an error event if generation failed midway (the status line is already sent),
-    and the closing ``data: [DONE]``."""
-    try:
-        async for e in events:
-            yield e
-    except Exception as exc:
-        log.exception("generation failed mid-stream")
-        yield f"data: {json.dumps(P.error_body(f'generation failed: {exc}', status=500))}\n\n"
-    yield "data: [DONE]\n\n"
 
 
 def _usage(finals: list[RequestOutput]) -> P.UsageInfo:

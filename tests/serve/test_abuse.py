@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.serve.async_engine import RequestStream
+from inferlab.serve.streams import RequestStream
 from inferlab.serve.launcher import ServerThread, make_app
 from inferlab.serve.limits import ServerLimits
 from serve.conftest import on_engine, wait_idle
