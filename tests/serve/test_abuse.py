@@ -111,8 +111,8 @@ def test_unknown_routes_and_wrong_methods_get_openai_json(guarded, client):
 
 
 def test_tokenizing_and_templating_run_off_the_event_loop(guarded, client, monkeypatch):
-    """A slow tokenizer (a 1 s prompt) and a slow chat template run on the tokenizer thread:
-    /health answers meanwhile."""
+    """A slow tokenizer (a 2 s prompt) and a slow chat template run on the tokenizer thread:
+    /health answers meanwhile, well before they end."""
     serving = guarded.app.state.serving
     threads = []
 
@@ -122,7 +122,7 @@ def test_tokenizing_and_templating_run_off_the_event_loop(guarded, client, monke
 
         def encode(self, *a, **kw):
             threads.append(threading.current_thread().name)
-            time.sleep(1.0)
+            time.sleep(2.0)
             return self.inner.encode(*a, **kw)
 
         def __getattr__(self, name):
@@ -132,7 +132,7 @@ def test_tokenizing_and_templating_run_off_the_event_loop(guarded, client, monke
 
     def slow_render(messages):
         threads.append(threading.current_thread().name)
-        time.sleep(1.0)
+        time.sleep(2.0)
         return render(messages)
 
     monkeypatch.setattr(serving, "tokenizer", Slow(serving.tokenizer))
@@ -145,7 +145,7 @@ def test_tokenizing_and_templating_run_off_the_event_loop(guarded, client, monke
         assert httpx.get(guarded.url + "/health", timeout=5).status_code == 200
         waited = time.monotonic() - t0
         worker.join(30)
-        assert waited < 0.5, f"/health waited {waited:.2f} s behind a tokenizer"
+        assert waited < 1.0, f"/health waited {waited:.2f} s behind a tokenizer"
     assert threads and all(name.startswith("inferlab-tokenize") for name in threads), threads
 
 
