@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 from typing import AsyncIterator
 
 from inferlab.outputs import RequestOutput
@@ -24,28 +25,30 @@ class RequestStream:
     the outputs until the request finishes; leaving the iteration early aborts the request.
 
     It holds at most one output not yet read (vLLM v1's ``RequestOutputCollector``): when the
-    reader falls behind (a slow client), the next output is merged into the waiting one, text
-    deltas concatenated and the cumulative fields replaced. A slow reader costs one output's
-    memory, never a backlog of steps."""
+    reader falls behind (a slow client, a busy event loop), the engine thread merges the next
+    output into the waiting one, text deltas concatenated and the cumulative fields replaced, and
+    wakes the reader only when the slot was empty. A slow reader costs one output's memory and
+    one pending wake-up, never a backlog of steps."""
 
     def __init__(self, owner, request_id: str, loop: asyncio.AbstractEventLoop):
         self.owner, self.request_id, self.loop = owner, request_id, loop
         self.pending: RequestOutput | BaseException | None = None
+        self.lock = threading.Lock()  # the slot is shared by the engine thread and the event loop
         self.ready = asyncio.Event()
         self.finished = False
 
     def put(self, item) -> None:  # called in the engine thread
-        try:
-            self.loop.call_soon_threadsafe(self._put, item)
-        except RuntimeError:  # the event loop is closed (shutting down): nobody is listening
-            pass
-
-    def _put(self, item) -> None:  # on the event loop
-        if self.pending is None or isinstance(item, BaseException):
-            self.pending = item
-        elif not isinstance(self.pending, BaseException):
-            self.pending = merge_outputs(self.pending, item)
-        self.ready.set()
+        with self.lock:
+            wake = self.pending is None
+            if wake or isinstance(item, BaseException):
+                self.pending = item
+            elif not isinstance(self.pending, BaseException):
+                self.pending = merge_outputs(self.pending, item)
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self.ready.set)
+            except RuntimeError:  # the event loop is closed (shutting down): nobody is listening
+                pass
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._outputs()
@@ -54,8 +57,11 @@ class RequestStream:
         try:
             while not self.finished:
                 await self.ready.wait()
-                self.ready.clear()
-                item, self.pending = self.pending, None
+                with self.lock:
+                    self.ready.clear()
+                    item, self.pending = self.pending, None
+                if item is None:  # a wake-up for an output already taken
+                    continue
                 if isinstance(item, BaseException):
                     self.finished = True
                     raise item

@@ -180,17 +180,23 @@ def _output(i: int, finished: bool = False) -> RequestOutput:
 
 
 def test_a_request_stream_holds_one_output_however_far_behind_its_reader():
-    """50 steps arrive before the reader looks: it finds one output carrying every delta, in order."""
+    """50 steps arrive from the engine thread before the reader looks: it finds one output carrying
+    every delta, in order, and the event loop was asked to wake it once, not 50 times."""
     class Owner:
         def abort(self, request_id):
             pass
 
     async def run():
-        stream = RequestStream(Owner(), "r", asyncio.get_running_loop())
-        for i in range(50):
-            stream.put(_output(i, finished=i == 49))
-        await asyncio.sleep(0.05)
-        assert isinstance(stream.pending, RequestOutput)  # one object, not a queue of 50
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(Owner(), "r", loop)
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakeups.append(a), real(*a))[1]
+        engine = threading.Thread(target=lambda: [stream.put(_output(i, finished=i == 49)) for i in range(50)])
+        engine.start()
+        engine.join()
+        del loop.call_soon_threadsafe
+        assert isinstance(stream.pending, RequestOutput) and len(wakeups) == 1  # one slot, one wake-up
         return [out async for out in stream]
 
     (out,) = asyncio.run(run())
