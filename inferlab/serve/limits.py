@@ -24,7 +24,7 @@ import dataclasses
 import json
 import secrets
 
-OPEN_PATHS = ("/health", "/metrics")  # never behind the API key: probes and scrapers carry none
+GUARDED_PREFIX = "/v1"  # the API; /health and /metrics stay open: probes and scrapers carry no key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,14 +134,16 @@ class BodySizeLimit:
 
 
 class ApiKeyCheck:
-    """``Authorization: Bearer <key>`` on every path but /health and /metrics (vLLM's --api-key)."""
+    """``Authorization: Bearer <key>`` on the API's paths (/v1/...), and only there, as vLLM's
+    --api-key: load balancers' health probes and Prometheus scrapers carry no key."""
 
     def __init__(self, app, api_key: str, error_body):
         self.app, self.error_body = app, error_body
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == GUARDED_PREFIX or path.startswith(GUARDED_PREFIX + "/")):
             return await self.app(scope, receive, send)
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
         if not secrets.compare_digest(given, self.expected):

@@ -93,6 +93,9 @@ def test_api_key_guards_v1_but_not_health_and_metrics(guarded):
     assert "no API key" in bare.json()["error"]["message"]
     assert httpx.get(guarded.url + "/health").status_code == 200
     assert httpx.get(guarded.url + "/metrics").status_code == 200
+    for path in ("/v1", "/v1/", "/v1/no-such-route"):  # the whole API prefix, guarded before routing
+        assert httpx.get(guarded.url + path).status_code == 401
+    assert httpx.get(guarded.url + "/v2/nothing").status_code == 404  # outside the API: open, as vLLM
     ok = openai.OpenAI(base_url=guarded.url + "/v1", api_key=KEY, max_retries=0).models.list()
     assert ok.data[0].id == "draft"
 
