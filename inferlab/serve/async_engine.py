@@ -4,16 +4,16 @@ The engine is not thread-safe, so exactly one thread owns it: the *engine loop*.
 
     while True:
         run every command that arrived (add a request, abort one, read statistics)
-        if requests are unfinished: outputs = engine.step(); hand each to its request's queue
+        if requests are unfinished: outputs = engine.step(); hand each to its request's stream
         else: sleep until the next command arrives
 
 HTTP handlers live on the asyncio event loop and never touch the engine: they post commands
 (plain callables) to a thread-safe inbox and read their request's ``RequestStream`` (streams.py:
 at most one unread output), which the engine loop fills with ``loop.call_soon_threadsafe``.
 Because the model's forward pass runs in the engine thread (and torch releases the GIL inside its
-kernels), the event loop keeps accepting and streaming while the engine computes: new requests join the running batch at the next step, which
-is continuous batching seen from the outside. vLLM's ``AsyncLLM`` has the same shape, with the
-engine in its own process instead of a thread.
+kernels), the event loop keeps accepting and streaming while the engine computes: new requests
+join the running batch at the next step, which is continuous batching seen from the outside.
+vLLM's ``AsyncLLM`` has the same shape, with the engine in its own process instead of a thread.
 """
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ class OpenAIServing:
         loop = asyncio.get_running_loop()
         job = self.executor.submit(fn, *args)
         self.num_jobs += 1
+
         def done(_):
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
                 loop.call_soon_threadsafe(self._job_done)
