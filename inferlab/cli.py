@@ -14,6 +14,7 @@ Command groups (``bench``, ``eval``) dispatch the same way through :func:`dispat
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -30,6 +31,21 @@ COMMANDS = {
     "models": ("inferlab.embedded", "list the embedded models"),
     "grade": ("inferlab.grade", "grade a lab (Gradescope-style results)"),
 }
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` as a terminal shows it: every option's default named (unless its help already does),
+    docstring markup (double backquotes) shown as plain `code`, the description's lines kept."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and "default" not in text and action.default not in (None, False)
+                and action.default is not argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+    def _format_text(self, text):
+        return super()._format_text(text.replace("``", "`"))
 
 
 def plural(noun: str) -> str:

@@ -57,7 +57,9 @@ def list_models() -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab models", description="List the embedded models.")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab models", description="List the embedded models.")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
     models = list_models()

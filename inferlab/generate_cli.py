@@ -15,7 +15,9 @@ from inferlab.sampling import SamplingParams
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab generate", description="Complete PROMPT with a model.")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab generate", description="Complete PROMPT with a model.")
     p.add_argument("prompt", help="the text to complete")
     p.add_argument("--model", default="target", help="embedded name, HF folder or hub id (default: target)")
     p.add_argument("--max-tokens", type=int, default=64,

@@ -96,7 +96,9 @@ def run(kv_budget_mb: float = 64, context: int = 256, batch: int = 8, new_tokens
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench gqa", description=__doc__.splitlines()[0])
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab bench gqa", description=__doc__.splitlines()[0])
     p.add_argument("--kv-budget-mb", type=float, default=64, help="KV memory budget for max_seqs_in_kv_budget, "
                    "fp16 cache (default: 64)")
     p.add_argument("--context", type=int, default=256, help="prompt tokens per sequence in the decode timing (default: 256)")

@@ -206,7 +206,9 @@ def table(res: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench quant", description=__doc__.splitlines()[0])
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab bench quant", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="target", help="embedded name or HF folder (default: target)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N test tokens per row, "
                    "faster but not comparable with `inferlab models` (default: the whole test split)")

@@ -128,7 +128,9 @@ def test_stream(tokenizer, split: str = "test", max_files: int | None = None) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab eval ppl",
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab eval ppl",
                                 description="Perplexity of a model on a split of the stdlib corpus (sliding window).")
     p.add_argument("--model", default="target", help="target, draft, or an HF model folder (default: target)")
     p.add_argument("--split", default=SPLIT, choices=corpus.SPLITS, help=f"corpus split (default: {SPLIT})")

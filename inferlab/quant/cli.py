@@ -21,7 +21,9 @@ from inferlab.quant.methods import METHODS, resolve
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab quantize", description="Quantize a model's linear layers.")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab quantize", description="Quantize a model's linear layers.")
     p.add_argument("--model", default="target", help="target, draft, or an HF model folder (default: target)")
     p.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
     p.add_argument("--bits", type=int, default=None, help="bit width (default: the method's)")

@@ -167,3 +167,32 @@ def test_version_and_help_name_every_default():
     for action in build_parser()._actions:
         if action.option_strings and action.dest != "help" and action.default is not False:
             assert action.help and "(default:" in action.help, action.option_strings
+
+
+@pytest.mark.parametrize("command", ["generate", "quantize", "eval ppl", "bench quant", "bench gqa", "models", "train"])
+def test_help_describes_every_option_with_its_default_and_no_markup(command, capsys):
+    """Every option says what it does, and every option with a default names it; no ``RST``."""
+    import argparse
+    import contextlib
+    parsers = []
+    real = argparse.ArgumentParser.parse_args
+
+    def capture(self, *args, **kwargs):
+        parsers.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with contextlib.suppress(SystemExit):
+            main([*command.split(), "--help"])
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    (parser,) = parsers
+    text = parser.format_help()
+    assert "``" not in text and "harnesss" not in text
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        assert action.help, f"{command} {action.option_strings[0]} has no description"
+        if action.default not in (None, False):
+            assert "default" in parser._get_formatter()._get_help_string(action), action.option_strings
