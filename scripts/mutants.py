@@ -25,8 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pip carries the same parser
+    from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 LIST = Path(__file__).with_name("mutants.toml")
