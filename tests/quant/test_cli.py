@@ -106,3 +106,15 @@ def test_goals_are_met_or_missed_by_their_numbers_and_a_miss_says_why():
 def test_q4_k_on_a_narrow_model_says_its_block_is_fixed(tmp_path, capsys):
     code, _, err = run(capsys, "quantize", "--model", "draft", "--method", "q4_k", "--out", str(tmp_path / "q"))
     assert code == 2 and "q4_k blocks hold 256 values" in err and "divisor" not in err and err.count("\n") == 1
+
+
+def test_bench_quant_rows_on_the_draft_name_their_bits_and_count_other_bytes_once():
+    """The small model, few tokens: rows named with their bits, other_bytes the same positive number in
+    every row (it was negative once: counted after quantizing, when codes are buffers, not parameters)."""
+    from inferlab.bench.quant import run
+    res = run("draft", max_tokens=64, only=["int4"], new_tokens=2, repeats=1, progress=False)
+    rows = res["rows"]
+    assert [r["name"] for r in rows] == ["fp32", "fp16", "int4-w4", "int4-w3"]
+    assert len({r["other_bytes"] for r in rows}) == 1 and rows[0]["other_bytes"] > 0
+    assert rows[0]["ppl_protocol"]["tokens"] == 64 and not rows[0]["ppl_protocol"]["whole_split"]
+    assert rows[2]["bits_per_weight"] < rows[1]["bits_per_weight"] / 3
