@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # on a GPU machine the default PyPI build, which carries CUDA.
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
 
-.PHONY: setup lab test test-fast book train clean notebooks workspace
+.PHONY: setup lab test test-fast book train clean notebooks workspace mutants
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ lab: setup
 test: setup
 	$(PY) -m pytest -q tests
 	$(NBVAL) notebooks
+
+# Plant each plausible one-line bug of scripts/mutants.toml in a scratch copy of the tree and run the
+# tests that must catch it; fails if any bug survives (scripts/mutants.py; a few minutes on 2 cores).
+mutants: setup
+	$(PY) scripts/mutants.py
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow and not browser"

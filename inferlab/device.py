@@ -7,6 +7,26 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.errors import InferlabError
+
+
+def check_device(name: str | None) -> None:
+    """A one-line error for a device this torch cannot use (an unknown name, CUDA on a CPU build)."""
+    if name is None:
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InferlabError(f"unknown device {name!r}: use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda", "meta"):
+        raise InferlabError(f"device {name!r} is not supported: use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise InferlabError(f"--device {name}: {why} (torch {torch.__version__}): use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InferlabError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,8 +29,21 @@ def _param_count(folder: Path) -> int | None:
     return total
 
 
+def _ppl_protocol(folder: Path, metrics: dict) -> dict | None:
+    """The protocol ``inferlab train`` measured test_ppl with (evaluate()'s defaults)."""
+    if metrics.get("test_ppl") is None or metrics.get("test_tokens") is None:
+        return None
+    context = json.loads((folder / "config.json").read_text()).get("max_position_embeddings", 512)
+    window = min(512, context)
+    total = (metrics.get("corpus") or {}).get("tokens", {}).get("test")
+    proto = {"split": "test", "tokens": metrics["test_tokens"], "window": window, "stride": max(1, window // 2)}
+    if total:
+        proto["whole_split"] = metrics["test_tokens"] == total - 1  # token 0 has no context: never scored
+    return proto
+
+
 def list_models() -> list[dict]:
-    """One entry per embedded model that is built: {"name", "path", "params", "test_ppl"}."""
+    """One entry per embedded model that is built: {"name", "path", "params", "test_ppl", "ppl_protocol"}."""
     out = []
     for name in EMBEDDED_MODELS:
         folder = ASSETS / name
@@ -39,12 +52,14 @@ def list_models() -> list[dict]:
         metrics_path = folder / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
         out.append({"name": name, "path": str(folder), "params": metrics.get("params") or _param_count(folder),
-                    "test_ppl": metrics.get("test_ppl")})
+                    "test_ppl": metrics.get("test_ppl"), "ppl_protocol": _ppl_protocol(folder, metrics)})
     return out
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab models", description="List the embedded models.")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab models", description="List the embedded models.")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
     models = list_models()
@@ -54,8 +69,13 @@ def main(argv: list[str]) -> int:
     if not models:
         print("no embedded models built yet: run `inferlab train --budget 60`")
         return 0
+    from inferlab.eval.ppl import describe
+
     print(f"{'name':<8} {'params':>10} {'test ppl':>9}  path")
     for m in models:
         ppl = f"{m['test_ppl']:.2f}" if m["test_ppl"] is not None else "-"
         print(f"{m['name']:<8} {m['params']:>10,} {ppl:>9}  {m['path']}")
+    protocols = {describe(m["ppl_protocol"]) for m in models if m["ppl_protocol"]}
+    for proto in sorted(protocols):
+        print(f"perplexity: {proto} (`inferlab eval ppl --model NAME` measures the same)")
     return 0

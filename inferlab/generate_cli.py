@@ -1,27 +1,51 @@
-"""``inferlab generate``: stream a completion to the terminal, or print one JSON object."""
+"""``inferlab generate``: stream a completion to the terminal, or print one JSON object.
+
+The context rule is the server's: a request whose prompt plus ``--max-tokens`` does not fit in the
+model's context (or in the KV pool) is refused with one line, never silently cut short.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
+from inferlab.errors import InferlabError
 from inferlab.llm import LLM, step_stats
 from inferlab.sampling import SamplingParams
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab generate", description="Complete PROMPT with a model.")
-    p.add_argument("prompt")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab generate", description="Complete PROMPT with a model.")
+    p.add_argument("prompt", help="the text to complete")
     p.add_argument("--model", default="target", help="embedded name, HF folder or hub id (default: target)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    p.add_argument("--max-tokens", type=int, default=64,
+                   help="tokens to generate at most; prompt + this must fit the context (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 = off (default: -1)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the smallest set with this probability "
+                   "(nucleus); 1 = off (default: 1)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible runs (default: none)")
+    p.add_argument("--stop", action="append", default=None, help="stop string, repeatable (default: none)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, finish_reason, "
+                   "rates) instead of streaming")
     return p
+
+
+def check_context(llm: LLM, prompt: str, max_tokens: int) -> None:
+    """The server's rule: prompt + max_tokens must fit in the context and the KV pool."""
+    c = llm.llm_engine.config
+    limit = min(c.max_model_len, c.num_kv_blocks * c.block_size)
+    n = len(llm.tokenizer.encode(prompt)) if llm.tokenizer is not None else 0
+    if n >= limit:
+        raise InferlabError(f"the prompt has {n} tokens, but this model's context is {limit} tokens: "
+                            f"shorten the prompt")
+    if n + max_tokens > limit:
+        raise InferlabError(f"this model's maximum context length is {limit} tokens, but {n + max_tokens} were "
+                            f"requested ({n} in the prompt, {max_tokens} to generate): use --max-tokens "
+                            f"{limit - n} or less, or shorten the prompt")
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +57,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     llm = LLM(model=args.model, device=args.device, max_num_seqs=1)
+    check_context(llm, args.prompt, args.max_tokens)
     engine = llm.llm_engine
     before = dict(engine.counters)
     engine.add_request("cli", args.prompt, params)
@@ -47,8 +72,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         rates = step_stats(before, engine.counters, 0.0, 1)
         stats = {k: round(rates[k], 2) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
-        print(json.dumps({"text": comp.text, "token_ids": comp.token_ids, **stats}))
+        print(json.dumps({"text": comp.text, "token_ids": comp.token_ids, "finish_reason": comp.finish_reason,
+                          **stats}))
     else:
         sys.stdout.write("\n")
     return 0
-

@@ -29,6 +29,9 @@ from inferlab.tokenizer import Tokenizer
 ASSETS = Path(__file__).parent / "assets" / "models"
 EMBEDDED_MODELS = ("target", "draft", "moe", "mha", "gqa", "mqa")  # the last four: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_GGUF_WORD = ("{what}, llama.cpp's format (what `inferlab quantize --format gguf` writes): run it with "
+              "llama.cpp (`llama-cli -m {file}`); inferlab loads HF folders (config.json + safetensors), "
+              "so pass the folder the GGUF was made from")
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
@@ -43,6 +46,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
+        if path.suffix == ".gguf":
+            raise CheckpointError(_GGUF_WORD.format(what=f"{text!r} is a GGUF file", file=path))
         raise CheckpointError(f"{text!r} is a file; pass the model folder that holds config.json")
     if _looks_like_hub_id(text):
         return _download(text)
@@ -69,6 +74,9 @@ def _download(repo_id: str) -> Path:
 def load_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
+        ggufs = sorted(folder.glob("*.gguf"))
+        if ggufs:
+            raise CheckpointError(_GGUF_WORD.format(what=f"{folder} holds {ggufs[0].name}, a GGUF file", file=ggufs[0]))
         raise CheckpointError(f"{folder} has no config.json: is it an HF model folder?")
     raw = json.loads(cfg_path.read_text())
     gen_path = folder / "generation_config.json"

@@ -513,17 +513,18 @@ after an interruption resumes from the last checkpoint. `inferlab train --help` 
 # ---------------------------------------------------------------- command line
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab train", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="draft,target",
                    help="comma-separated, trained in this order (default: draft,target); notebook 06 trains "
                         "moe, moe_noaux (ablation), mha, then gqa and mqa (uptrained from mha, 5%% of its steps)")
     p.add_argument("--budget", type=float, default=None, help="total wall-clock minutes for all models (split by recipe share)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per model (overrides --budget)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, data order and sampling")
     p.add_argument("--preset", choices=["default", "tiny"], default="default",
                    help="tiny: a toy shape for every model, for smoke tests")
-    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--vocab-size", type=int, default=4096, help="BPE tokenizer entries")
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files of each split (smoke runs)")
     p.add_argument("--run-dir", default="runs/stdlib", help="checkpoints, logs and token cache (default: runs/stdlib)")
     p.add_argument("--out", default=str(ASSETS), help="where the HF model folders are written (default: the package assets)")

@@ -10,6 +10,9 @@ Decode speed: batched greedy decode of ``--batch`` sequences with ``--context`` 
 all variants in one process, alternating, best of ``--repeats``; reported as tokens/s and as a
 ratio to MHA. On a CPU and a model this small the attention over the cache is a small share of
 a step, so the ratio says how much of a step K/V reading is at this size.
+
+Perplexity follows the one protocol of :mod:`inferlab.eval.ppl` (the whole test split unless
+``--eval-tokens``), so the mha row equals ``inferlab models`` and ``inferlab eval ppl --model mha``.
 """
 from __future__ import annotations
 
@@ -50,53 +53,74 @@ def variants(device: str = "cpu") -> list[tuple[str, object]]:
 
 
 def run(kv_budget_mb: float = 64, context: int = 256, batch: int = 8, new_tokens: int = 32, repeats: int = 3,
-        eval_tokens: int = 40000, device: str | None = None) -> dict:
+        eval_tokens: int | None = None, device: str | None = None, progress: bool = True) -> dict:
+    """``progress``: one bar on stderr over the decode timings and the perplexity runs."""
+    from tqdm.auto import tqdm
+
     from inferlab.device import default_device
-    from inferlab.eval.ppl import evaluate, test_stream
+    from inferlab.eval.ppl import evaluate, protocol, test_stream
 
     device = device or str(default_device())
     models, tok = variants(device)
+    bar = tqdm(total=len(models) * (repeats + 2), desc="bench gqa", unit="run", **({} if progress else {"disable": True}))  # TQDM_DISABLE still applies
     ids = test_stream(tok)
     gen = torch.Generator().manual_seed(0)
     prompts = [ids[s:s + context].tolist() for s in torch.randint(0, len(ids) - context, (batch,), generator=gen)]
     seq_len = models[0][1].config.max_position_embeddings
     best = {n: float("inf") for n, _ in models}
-    for _, model in models:
+    for n, model in models:
+        bar.set_postfix_str(f"warm-up {n}")
         _decode_time(model, prompts, 2)  # warm-up
-    for _ in range(repeats):
+        bar.update()
+    for r in range(repeats):
         for n, model in models:
+            bar.set_postfix_str(f"decode {n} ({r + 1}/{repeats})")
             best[n] = min(best[n], _decode_time(model, prompts, new_tokens))
+            bar.update()
     rows = []
     for name, model in models:
         cfg = model.config
-        res = evaluate(model, ids, max_tokens=eval_tokens)
+        bar.set_postfix_str(f"perplexity {name}")
+        res = evaluate(model, ids, max_tokens=eval_tokens, progress=progress, desc=f"perplexity {name}")
+        bar.update()
         rows.append({"name": name, "num_kv_heads": cfg.num_key_value_heads, "kv_bytes_per_token": kv_bytes_per_token(cfg),
                      "max_seqs_in_kv_budget": max_seqs_in_budget(cfg, int(kv_budget_mb * 2**20), seq_len),
                      "decode_tokens_per_s": round(batch * new_tokens / best[name], 1),
                      "decode_speed_vs_mha": round(best["mha"] / best[name], 3), "ppl": round(res["ppl"], 3)})
+    bar.close()
     return {"kv_budget_mb": kv_budget_mb, "seq_len": seq_len, "batch": batch, "context": context,
-            "new_tokens": new_tokens, "ppl_tokens": res["tokens"], "device": device, "variants": rows}
+            "new_tokens": new_tokens, "ppl_tokens": res["tokens"], "ppl_protocol": protocol(res, total=len(ids) - 1),
+            "fields": {"decode_speed_vs_mha": "decode tokens/s of the variant / decode tokens/s of mha",
+                       "max_seqs_in_kv_budget": "sequences of seq_len tokens whose fp16 K/V fit in kv_budget_mb"},
+            "device": device, "variants": rows}
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench gqa", description=__doc__.splitlines()[0])
-    p.add_argument("--kv-budget-mb", type=float, default=64, help="KV memory budget for max_seqs_in_kv_budget (fp16 cache)")
-    p.add_argument("--context", type=int, default=256, help="prompt tokens per sequence in the decode timing")
-    p.add_argument("--batch", type=int, default=8, help="sequences decoded together")
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--eval-tokens", type=int, default=40000, help="test tokens scored for perplexity")
-    p.add_argument("--device", default=None)
-    p.add_argument("--json", action="store_true")
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab bench gqa", description=__doc__.splitlines()[0])
+    p.add_argument("--kv-budget-mb", type=float, default=64, help="KV memory budget for max_seqs_in_kv_budget, "
+                   "fp16 cache (default: 64)")
+    p.add_argument("--context", type=int, default=256, help="prompt tokens per sequence in the decode timing (default: 256)")
+    p.add_argument("--batch", type=int, default=8, help="sequences decoded together (default: 8)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per timing (default: 32)")
+    p.add_argument("--repeats", type=int, default=3, help="timings per variant, best kept (default: 3)")
+    p.add_argument("--eval-tokens", type=int, default=None, help="score only the first N test tokens, faster but "
+                   "not comparable with `inferlab models` (default: the whole test split)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     args = p.parse_args(argv)
-    if min(args.context, args.batch, args.new_tokens, args.repeats, args.eval_tokens) < 1 or args.kv_budget_mb <= 0:
+    if min(args.context, args.batch, args.new_tokens, args.repeats, args.eval_tokens or 1) < 1 or args.kv_budget_mb <= 0:
         p.error("--context, --batch, --new-tokens, --repeats, --eval-tokens and --kv-budget-mb must be positive")
+    from inferlab.eval.ppl import describe
+
     r = run(args.kv_budget_mb, args.context, args.batch, args.new_tokens, args.repeats, args.eval_tokens, args.device)
     if args.json:
         print(json.dumps(r))
         return 0
     print(f"KV budget {r['kv_budget_mb']:g} MiB of fp16 cache, sequences of {r['seq_len']} tokens; decode: batch "
-          f"{r['batch']}, {r['context']}-token prompts, {r['new_tokens']} new tokens; ppl over {r['ppl_tokens']:,} test tokens")
+          f"{r['batch']}, {r['context']}-token prompts, {r['new_tokens']} new tokens")
+    print(f"perplexity: {describe(r['ppl_protocol'])}")
     print(f"{'variant':<24}{'kv heads':>9}{'KV B/token':>11}{'max seqs':>9}{'tok/s':>9}{'vs MHA':>8}{'ppl':>9}")
     for v in r["variants"]:
         print(f"{v['name']:<24}{v['num_kv_heads']:>9}{v['kv_bytes_per_token']:>11,}{v['max_seqs_in_kv_budget']:>9}"

@@ -15,6 +15,12 @@ Every token is scored exactly once, and (after the first window) with at least
 slightly lower (better) perplexity. The same passes can compare two models' greedy choices:
 the fraction of positions where a draft's argmax equals the target's bounds how many draft
 tokens speculative decoding accepts at temperature 0.
+
+**One protocol** for every perplexity inferlab prints (``inferlab models``, ``eval ppl``, ``bench
+quant``, ``bench gqa``, the model cards): the corpus' test split, all of it, window
+``min(512, context)``, stride ``window // 2``. Each output names the protocol (:func:`protocol`); a
+run on fewer tokens says so, since the first tokens of the split are not a fair sample of it (the
+mha model scores 41 on the first 40,000 tokens and 63 on all 101,104).
 """
 from __future__ import annotations
 
@@ -47,11 +53,31 @@ def windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
     return out
 
 
+SPLIT = "test"  # the protocol's split; its window and stride are the defaults of evaluate()
+
+
+def protocol(res: dict, split: str = SPLIT, total: int | None = None) -> dict:
+    """What a perplexity was measured on: split, tokens scored, window, stride (and whether that is
+    the whole split, when ``total``, the split's scorable tokens, is given)."""
+    out = {"split": split, "tokens": res["tokens"], "window": res["window"], "stride": res["stride"]}
+    if total is not None:
+        out["whole_split"] = res["tokens"] == total
+    return out
+
+
+def describe(proto: dict) -> str:
+    """``test split, all 101,104 tokens, window 512, stride 256`` (the words every output uses)."""
+    whole = proto.get("whole_split")
+    n = f"{proto['tokens']:,}" if whole is None else f"{'all' if whole else 'first'} {proto['tokens']:,}"
+    return f"{proto['split']} split, {n} tokens, window {proto['window']}, stride {proto['stride']}"
+
+
 @torch.no_grad()
 def evaluate(model, ids, window: int | None = None, stride: int | None = None, batch_size: int = 8,
-             max_tokens: int | None = None, reference=None) -> dict:
-    """Score a token stream; returns {"ppl", "nll_per_token", "tokens"} (+ "agreement" with
-    ``reference``: the fraction of scored positions where both models' argmax agree)."""
+             max_tokens: int | None = None, reference=None, progress: bool = False, desc: str = "perplexity") -> dict:
+    """Score a token stream; returns {"ppl", "nll_per_token", "tokens", "window", "stride"} (+
+    "agreement" with ``reference``: the fraction of scored positions where both models' argmax
+    agree). ``progress``: a bar on stderr, one step per window."""
     ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))
     if max_tokens is not None:
         ids = ids[: max_tokens + 1]
@@ -67,6 +93,10 @@ def evaluate(model, ids, window: int | None = None, stride: int | None = None, b
     for span in spans:
         by_len.setdefault(span[1] - span[0], []).append(span)
     device = model.device
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(spans), desc=desc, unit="window", leave=False)
     for length, group in by_len.items():
         for i in range(0, len(group), batch_size):
             chunk = group[i:i + batch_size]
@@ -81,7 +111,12 @@ def evaluate(model, ids, window: int | None = None, stride: int | None = None, b
                 count += tg.numel()
                 if ref_logits is not None:
                     agree += (lg.argmax(-1) == ref_logits[row, keep].argmax(-1)).sum().item()
-    out = {"ppl": math.exp(nll / count), "nll_per_token": nll / count, "tokens": count}
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    out = {"ppl": math.exp(nll / count), "nll_per_token": nll / count, "tokens": count, "window": window,
+           "stride": stride}
     if reference is not None:
         out["agreement"] = agree / count
     return out
@@ -93,17 +128,20 @@ def test_stream(tokenizer, split: str = "test", max_files: int | None = None) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="inferlab eval ppl",
+    from inferlab.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab eval ppl",
                                 description="Perplexity of a model on a split of the stdlib corpus (sliding window).")
     p.add_argument("--model", default="target", help="target, draft, or an HF model folder (default: target)")
-    p.add_argument("--split", default="test", choices=corpus.SPLITS)
-    p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the split")
+    p.add_argument("--split", default=SPLIT, choices=corpus.SPLITS, help=f"corpus split (default: {SPLIT})")
+    p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the split "
+                   "(default: all of it, as `inferlab models` and the benchmarks do)")
     p.add_argument("--window", type=int, default=None, help="tokens per forward pass (default: min(512, context))")
     p.add_argument("--stride", type=int, default=None, help="tokens the window moves (default: window // 2)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, help="compute dtype (default: float32 on CPU)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default: 8)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--dtype", default=None, help="compute dtype (default: float32 on CPU, bf16 on GPU)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     return p
 
 
@@ -119,14 +157,15 @@ def main(argv: list[str]) -> int:
     if tok is None:
         raise InferlabError(f"{args.model} has no tokenizer.json: perplexity needs the model's tokenizer")
     ids = test_stream(tok, args.split)
-    res = evaluate(model, ids, args.window, args.stride, args.batch_size, args.max_tokens)
+    res = evaluate(model, ids, args.window, args.stride, args.batch_size, args.max_tokens, progress=True,
+                   desc=f"perplexity of {args.model}")
+    proto = protocol(res, args.split, len(ids) - 1)
     out = {"model": args.model, "ppl": round(res["ppl"], 4), "nll_per_token": round(res["nll_per_token"], 5),
-           "tokens": res["tokens"]}
+           "tokens": res["tokens"], "ppl_protocol": proto}
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.model}: perplexity {out['ppl']:.3f} ({out['nll_per_token']:.4f} nats/token) "
-              f"over {out['tokens']:,} {args.split} tokens")
+        print(f"{args.model}: perplexity {out['ppl']:.3f} ({out['nll_per_token']:.4f} nats/token; {describe(proto)})")
     return 0
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -112,32 +114,114 @@ def quantized_state_dict(model, qcfg: dict, float_dtype=torch.float16) -> dict[s
     return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
 
-def check_output_folder(folder: Path) -> None:
-    """An output folder may be new, empty, or an earlier model folder (it is replaced); nothing else."""
-    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / "config.json").exists()
-                                                   and not (folder / "model.gguf").exists())):
-        raise CheckpointError(f"{folder} exists and is not a model folder: choose a new output folder")
+MANIFEST = ".inferlab-files.json"  # the names inferlab wrote into a folder: the only ones it may replace
+# Everything a tokenizer or generation needs besides the weights: copied from the source folder as is,
+# so a quantized instruct model keeps its special tokens, chat template and generation defaults.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "generation_config.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
+
+
+def _written_by_inferlab(folder: Path) -> set[str]:
+    try:
+        return set(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def check_output_folder(folder: Path, overwrite: bool = False, source: Path | None = None) -> None:
+    """Refuse an output folder that writing would lose a file in.
+
+    A new or empty folder is fine, and so is one inferlab wrote earlier (its manifest lists every
+    file in it). A folder holding anything else needs ``overwrite``, and even then only the names
+    inferlab writes are replaced. The input model's folder (or a folder inside it) is never written.
+    """
+    folder = Path(folder)
+    if source is not None:
+        src, out = Path(source).resolve(), folder.resolve()
+        if out == src or src in out.parents:
+            raise CheckpointError(f"--out {folder} is {'the input model folder' if out == src else 'inside the input model folder'}"
+                                  f" {source}: choose a new output folder (inferlab never writes into the model it reads)")
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise CheckpointError(f"--out {folder} is a file, not a folder: choose a new output folder")
+    foreign = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST and p.name not in _written_by_inferlab(folder))
+    if not foreign:
+        return
+    shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+    if not overwrite:
+        raise CheckpointError(f"--out {folder} already holds files inferlab did not write ({shown}): choose a new "
+                              f"output folder, or pass --overwrite to replace only the files inferlab writes there")
+    weights = [n for n in foreign if n.endswith(_WEIGHT_SUFFIXES) and n not in ("model.safetensors", "model.gguf")]
+    if weights or (folder / "model.safetensors.index.json").exists():
+        raise CheckpointError(f"--out {folder} holds other weights ({', '.join(weights) or 'a sharded index'}) that "
+                              f"would be loaded beside the new ones: choose a new output folder")
 
 
 @contextlib.contextmanager
-def atomic_folder(folder: str | os.PathLike):
-    """The loader's atomic folder (a temporary sibling renamed into place, removed on any error),
-    after checking that ``folder`` is not something else that would be overwritten."""
+def atomic_folder(folder: str | os.PathLike, overwrite: bool = False, source: str | os.PathLike | None = None):
+    """Yield a temporary sibling of ``folder`` to write into; commit it only when the block succeeds.
+
+    A new folder appears in one rename (the loader's :func:`~inferlab.loader.atomic_folder`). Into an
+    existing folder (see :func:`check_output_folder`) each written file replaces its namesake in one
+    rename, files an earlier inferlab run wrote and this one does not are removed, and nothing else
+    is touched. Every file is left readable by all (0644 under the usual umask), as a model folder is.
+    """
     from inferlab.loader import atomic_folder as _atomic_folder
 
-    check_output_folder(Path(folder))
-    with _atomic_folder(folder) as tmp:
+    folder = Path(folder)
+    check_output_folder(folder, overwrite, Path(source) if source is not None else None)
+    umask = os.umask(0)
+    os.umask(umask)
+    if not folder.exists():
+        with _atomic_folder(folder) as tmp:
+            yield tmp
+            _seal(tmp, umask)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
         yield tmp
+        previous = _written_by_inferlab(folder)
+        _seal(tmp, umask)
+        for name in sorted(previous - {p.name for p in tmp.iterdir()}):
+            if (folder / name).is_file():
+                (folder / name).unlink()
+        for p in sorted(tmp.iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
+            os.replace(p, folder / p.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_quantized(model, tokenizer, folder: str | os.PathLike, qcfg: dict) -> Path:
-    """Write a quantized HF folder (config.json with quantization_config, model.safetensors, tokenizer)."""
-    with atomic_folder(folder) as tmp:
+def _seal(tmp: Path, umask: int) -> None:
+    """Set every file's mode to 0666 & ~umask (safetensors writes 0600) and write the manifest."""
+    names = sorted(p.name for p in tmp.iterdir() if p.name != MANIFEST)
+    (tmp / MANIFEST).write_text(json.dumps({"files": names}) + "\n")
+    for p in tmp.iterdir():
+        p.chmod(0o666 & ~umask)
+
+
+def copy_tokenizer_files(source: Path | None, tmp: Path, tokenizer) -> None:
+    """The source folder's tokenizer and generation files, byte for byte; else the tokenizer itself."""
+    copied = set()
+    for name in TOKENIZER_FILES if source is not None else ():
+        if (Path(source) / name).is_file():
+            shutil.copyfile(Path(source) / name, tmp / name)
+            copied.add(name)
+    if tokenizer is not None and "tokenizer.json" not in copied:
+        tokenizer.save(tmp / "tokenizer.json")
+
+
+def save_quantized(model, tokenizer, folder: str | os.PathLike, qcfg: dict, source: str | os.PathLike | None = None,
+                   overwrite: bool = False) -> Path:
+    """Write a quantized HF folder: config.json with quantization_config, model.safetensors, and the
+    tokenizer (every tokenizer and generation file of ``source``, the folder the model came from)."""
+    with atomic_folder(folder, overwrite, source) as tmp:
         cfg = model.config.to_hf_dict()
         cfg["torch_dtype"] = "float16"
         cfg["quantization_config"] = qcfg
         save_file(quantized_state_dict(model, qcfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
+        copy_tokenizer_files(Path(source) if source is not None else None, tmp, tokenizer)
     return Path(folder)

@@ -59,7 +59,7 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
     writer.add_add_bos_token(False)
 
 
-def write_gguf(model, tokenizer, out: str | os.PathLike, method: str) -> Path:
+def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite: bool = False) -> Path:
     """Write ``model`` (its linears GGMLLinear of type ``method``) to ``out``/model.gguf; returns the file."""
     try:
         import gguf
@@ -74,7 +74,7 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str) -> Path:
              "q4_k": gguf.GGMLQuantizationType.Q4_K}[method]
     ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
              "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M}[method]
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, overwrite) as tmp:
         writer = gguf.GGUFWriter(str(tmp / "model.gguf"), "llama")
         writer.add_name(f"inferlab {Path(out).name}")
         writer.add_context_length(cfg.max_position_embeddings)

@@ -71,5 +71,9 @@ def check_model(model, method: str, group_size: int | None, skip=("lm_head",)) -
             n = mod.in_features if method != "nf4" else mod.in_features * mod.out_features
             if n % group_size:
                 what = "block size" if method in ("nf4", "q8_0", "q4_0", "q4_k") else "group size"
+                if METHODS[method].fixed_group:  # the block is the format's: nothing to choose
+                    raise QuantizationError(f"{method} blocks hold {group_size} values, which does not divide "
+                                            f"the input dimension {mod.in_features} of {name}: choose another "
+                                            f"method (q8_0 and q4_0 use blocks of 32)")
                 raise QuantizationError(f"{method} {what} {group_size} does not divide the input dimension "
                                         f"{mod.in_features} of {name}: choose a divisor of {mod.in_features}")

@@ -8,6 +8,8 @@ refreshed on every later one (``python -m inferlab.viz.workspace sync`` does onl
 - a file you have not changed is replaced by the course's newer version;
 - a file you changed is kept, and the course's newer version is written beside it as
   ``NAME.upstream.EXT`` (``starter.upstream.py``) for you to compare and merge;
+- a file you deleted comes back as the course's version (delete it to start over), and its
+  ``NAME.upstream.EXT`` goes;
 - a notebook counts as changed only when the source of a cell changed: running it does not.
 
 The tracked files stay exactly as ``git pull`` left them. ``workspace/.inferlab-workspace.json``
@@ -60,7 +62,8 @@ class SyncReport:
     def lines(self) -> list[str]:
         out = []
         if self.created:
-            out.append(f"workspace: copied {len(self.created)} course files")
+            n = len(self.created)
+            out.append(f"workspace: copied {n} course file{'' if n == 1 else 's'}")
         if self.updated:
             out.append("workspace: updated to the course's new version: " + ", ".join(self.updated))
         for rel in self.kept:
@@ -99,8 +102,9 @@ def sync(source: str | os.PathLike = ".", dest: str | os.PathLike | None = None,
     for rel in course_files(source, folders):
         src, dst = source / rel, dest / rel
         new_key, recorded = content_key(src), manifest.get(rel)
-        if not dst.exists():
+        if not dst.exists():  # first run, or deleted to start over: a fresh copy, no stale upstream beside it
             _copy(src, dst)
+            (dest / upstream_name(rel)).unlink(missing_ok=True)
             report.created.append(rel)
         elif new_key == recorded:
             continue  # the course has not changed this file since it was copied

@@ -59,3 +59,4 @@ def test_bench_gqa_json(arch_assets, capsys):
     assert by["mha"]["kv_bytes_per_token"] == 4 * by["mqa_uptrained"]["kv_bytes_per_token"]
     assert by["mqa_uptrained"]["max_seqs_in_kv_budget"] == 4 * by["mha"]["max_seqs_in_kv_budget"]
     assert all(v["decode_tokens_per_s"] > 0 and v["ppl"] > 1 for v in data["variants"])
+    assert data["ppl_protocol"] == {"split": "test", "tokens": 600, "window": 512, "stride": 256, "whole_split": False}

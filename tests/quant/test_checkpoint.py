@@ -14,8 +14,12 @@ from inferlab.quant.int4 import Int4Linear
 
 from .helpers import tiny_model, tokens
 
-CASES = [("int8", None, None), ("int4", 4, 64), ("int4", 3, 128), ("gptq", 4, 128), ("gptq", 3, 64),
-         ("awq", 4, 128), ("nf4", None, None), ("q8_0", None, None), ("q4_0", None, None), ("q4_k", None, None)]
+# (method, bits, group, bound on the logits' relative error against the float model). Measured on
+# tiny_model: int8 0.011, int4-4-64 0.18, int4-3-128 0.37, gptq-4-128 0.045, gptq-3-64 0.13, awq 0.085, nf4 0.13,
+# q8_0 0.0096, q4_0 0.16, q4_k 0.13; each bound is about 1.4x that, so a broken scale or grid fails.
+CASES = [("int8", None, None, 0.016), ("int4", 4, 64, 0.25), ("int4", 3, 128, 0.5), ("gptq", 4, 128, 0.065),
+         ("gptq", 3, 64, 0.18), ("awq", 4, 128, 0.12), ("nf4", None, None, 0.19), ("q8_0", None, None, 0.014),
+         ("q4_0", None, None, 0.23), ("q4_k", None, None, 0.18)]
 
 
 def dequantized_copy(model):
@@ -37,8 +41,8 @@ def dequantized_copy(model):
     return ref
 
 
-@pytest.mark.parametrize("method,bits,group", CASES, ids=[f"{m}-{b}-{g}" for m, b, g in CASES])
-def test_quantize_save_load_round_trip(tmp_path, method, bits, group):
+@pytest.mark.parametrize("method,bits,group,bound", CASES, ids=[f"{m}-{b}-{g}" for m, b, g, _ in CASES])
+def test_quantize_save_load_round_trip(tmp_path, method, bits, group, bound):
     model = tiny_model()
     x = tokens(2, 16, seed=1)
     with torch.no_grad():
@@ -50,9 +54,9 @@ def test_quantize_save_load_round_trip(tmp_path, method, bits, group):
     with torch.no_grad():
         ours = model(x)
         ref = dequantized_copy(model)(x)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(ours, fp)  # quantization changed something ...
-    assert (ours.softmax(-1) - fp.softmax(-1)).abs().max() < 0.5  # ... but not everything
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)  # the forward computes its own weights
+    err = ((ours - fp).norm() / fp.norm()).item()  # ... which are close to the float ones
+    assert 1e-4 < err < bound, err
 
     folder = save_quantized(model, None, tmp_path / "q", qcfg)
     cfg = json.loads((folder / "config.json").read_text())
@@ -79,20 +83,32 @@ def test_gptq_folder_uses_the_hub_layout(tmp_path):
 
 
 def test_llm_quantization_argument_quantizes_at_load():
+    """int8 at load: the logits stay within 2% of the float model's (an amax/255 scale gives ~35%),
+    and greedy decoding starts with the same tokens."""
     from inferlab.llm import LLM
     from inferlab.quant import Int8Linear
     from inferlab.sampling import SamplingParams
-    llm = LLM(model="target", quantization="int8")
+    llm = LLM(model="target", quantization="int8", device="cpu")
+    ref = LLM(model="target", device="cpu")
     assert isinstance(llm.model.model.layers[0].self_attn.q_proj, Int8Linear)
     assert llm.quantization_config == {"quant_method": "int8", "bits": 8}
-    out = llm.generate("def fib(n):", SamplingParams(temperature=0, max_tokens=8))
-    assert len(out[0].outputs[0].token_ids) == 8
+    x = torch.tensor([llm.tokenizer.encode("def fib(n):\n    if n < 2:\n        return n\n")])
+    with torch.no_grad():
+        q, fp = llm.model(x), ref.model(x)
+    assert ((q - fp).norm() / fp.norm()).item() < 0.02
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ours, theirs = (m.generate("def fib(n):", params)[0].outputs[0].token_ids for m in (llm, ref))
+    assert ours[:4] == theirs[:4] and len(ours) == 8
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_qwen2_with_attention_bias_in_hub_layout(tmp_path, method):
-    """Qwen2 checkpoints carry q/k/v biases next to the packed tensors; symmetric v1 GPTQ (AutoGPTQ's default)."""
+    """Qwen2 checkpoints carry q/k/v biases next to the packed tensors; symmetric v1 GPTQ (AutoGPTQ's default).
+    The loaded folder computes what the in-memory model does, and both stay near the float model."""
     model = tiny_model(model_type="qwen2", architectures=["Qwen2ForCausalLM"], attention_bias=True)
+    x = tokens(2, 8, seed=3)
+    with torch.no_grad():
+        fp = model(x)
     extra = {"sym": True, "act_order": False} if method == "gptq" else {}
     qcfg = quantize_model(model, method, 4, 128, calibration_tokens=tokens(), progress=False, **extra)
     if method == "gptq":
@@ -100,6 +116,8 @@ def test_qwen2_with_attention_bias_in_hub_layout(tmp_path, method):
     folder = save_quantized(model, None, tmp_path / "q", qcfg)
     loaded, _ = load_checkpoint(folder, device="cpu", dtype=torch.float32)
     assert loaded.model.layers[0].self_attn.q_proj.bias is not None
-    x = tokens(2, 8, seed=3)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(x), model(x), rtol=1e-5, atol=1e-6)
+        ours = loaded(x)
+        torch.testing.assert_close(ours, model(x), rtol=1e-5, atol=1e-6)
+    bound = {"gptq": 0.085, "awq": 0.16}[method]  # measured 0.062 (gptq, symmetric) and 0.118 (awq)
+    assert ((ours - fp).norm() / fp.norm()).item() < bound
