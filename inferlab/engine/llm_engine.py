@@ -119,10 +119,10 @@ class LLMEngine:
                 m.first_scheduled_time = now
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
         logits = self.runner.execute(inputs, out.copies)
+        self.scheduler.update_from_output(out)  # K/V written: computed counts advance, full blocks named
         rows, ready = [], []
         for j, s in enumerate(out.scheduled):
             seq = s.seq
-            seq.num_computed_tokens += s.num_new_tokens
             if seq.num_computed_tokens == seq.num_tokens:  # its last token computed: sample the next
                 rows.append(j)
                 ready.append(seq)

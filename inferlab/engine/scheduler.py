@@ -109,7 +109,7 @@ class Scheduler:
         first = self.num_new_tokens(seq, budget)
         if first == 0 or not self.block_manager.can_allocate(first):
             return 0
-        try:  # allocate only what this step computes: a full block's hash is registered at once
+        try:
             cached = self.block_manager.allocate(seq.seq_id, seq.token_ids(0, first))
         except NoFreeBlocksError:
             return 0
@@ -123,6 +123,14 @@ class Scheduler:
         return k
 
     # ---- the engine's calls after a step ------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The step ran: each scheduled sequence has its new tokens' K/V written. Advance its
+        ``num_computed_tokens`` and name its blocks that are now full of computed K/V (only now:
+        see block_manager.py). Not called when the forward raised, so nothing uncomputed is named."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.cache_blocks(s.seq.seq_id, s.seq.num_computed_tokens)
+
     def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
         self.block_manager.fork(parent.seq_id, child.seq_id)
         child.status = SequenceStatus.RUNNING
