@@ -22,23 +22,13 @@ import statistics
 import time
 from collections import deque
 
+from inferlab.bench.stats import percentile
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
 
 STARTS = ["def ", "class ", "import ", "for i in range(", "if __name__ == ", "return ", "with open(",
           "    def __init__(self", "try:\n    ", "# ", "x = [", "print(", "while True:\n    ", "raise ValueError("]
 WORDS = ["data", "path", "name", "value", "result", "items", "config", "buffer", "node", "count", "key", "line"]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def system_prompts(k: int, rng: random.Random) -> list[str]:

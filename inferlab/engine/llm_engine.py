@@ -18,6 +18,7 @@ import time
 import torch
 
 from inferlab.cache.paged import PagedKVCache
+from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.model_runner import ModelRunner, SeqInput
@@ -63,12 +64,10 @@ class LLMEngine:
         c = self.config
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        if len(ids) >= c.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {c.max_model_len}")
+        room = fit_max_tokens(params.max_tokens, len(ids), c.max_model_len, context_name="max_model_len")
         if params.n > c.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={c.max_num_seqs}: raise max_num_seqs or lower n")
-        room = c.max_model_len - len(ids)
-        if params.max_tokens > room:  # as the contiguous path does: stop at the context's end
+        if params.max_tokens != room:  # as the contiguous path does: stop at the context's end
             params = SamplingParams(**{**params.__dict__, "max_tokens": room})
         pool = c.num_kv_blocks * c.block_size
         if len(ids) + params.max_tokens > pool:

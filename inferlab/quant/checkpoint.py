@@ -123,7 +123,7 @@ def check_output_folder(folder: Path) -> None:
 def atomic_folder(folder: str | os.PathLike):
     """The loader's atomic folder (a temporary sibling renamed into place, removed on any error),
     after checking that ``folder`` is not something else that would be overwritten."""
-    from inferlab.loader import atomic_folder as _atomic_folder
+    from inferlab.folders import atomic_folder as _atomic_folder
 
     check_output_folder(Path(folder))
     with _atomic_folder(folder) as tmp:

@@ -11,9 +11,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from inferlab.generate import generate
 from inferlab.sampling import SamplingParams
 
-from .conftest import make_engine
+from .conftest import make_engine, same_greedy
 
-PROMPTS = st.lists(st.integers(3, 40), min_size=1, max_size=14)
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]  # two blocks of 4: prefix hits happen
+PROMPTS = st.builds(lambda k, rest: (SYSTEM[:k] + rest) or [3], st.sampled_from([0, 4, 8, 8]),
+                    st.lists(st.integers(3, 40), min_size=0, max_size=10))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def machine(tiny):
                     if key not in solo_cache:
                         sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
                         solo_cache[key] = generate(tiny[0], [list(prompt)], [sp])[0].output_token_ids
-                    assert all(c.token_ids == solo_cache[key] for c in out.outputs)
+                    assert all(same_greedy(tiny[0], prompt, c.token_ids, solo_cache[key]) for c in out.outputs)
                     seen["finished"] += 1
             seen["preemptions"] = max(seen["preemptions"], self.engine.num_preemptions)
 
@@ -78,6 +80,6 @@ def machine(tiny):
 def test_engine_state_machine(machine):
     from hypothesis.stateful import run_state_machine_as_test
 
-    run_state_machine_as_test(machine, settings=settings(max_examples=25, stateful_step_count=40, deadline=None, derandomize=True,
+    run_state_machine_as_test(machine, settings=settings(max_examples=int(__import__('os').environ.get('NX', 25)), stateful_step_count=40, deadline=None, derandomize=True,
                                                          suppress_health_check=list(HealthCheck)))
     assert machine.seen["preemptions"] > 0 and machine.seen["finished"] > 0  # the pool was tight enough
