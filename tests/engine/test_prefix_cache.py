@@ -216,6 +216,22 @@ class ShadowMachine(RuleBasedStateMachine):
                     del self.seqs[seq.seq_id]
 
 
-ShadowMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
+ShadowMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                            derandomize=True, suppress_health_check=list(HealthCheck))
 TestShadowMachine = ShadowMachine.TestCase
+
+
+def test_a_sequence_preempted_while_it_grows_leaves_no_named_block():
+    """The issue's path, scripted at block level: S's second chunk fills its second prefix block,
+    the pool runs dry, S (the newest) preempts itself before the step runs. The block must not be
+    findable: when S comes back, it recomputes positions 4-7 instead of reading unwritten slots."""
+    m = ShadowMachine()
+    m.add(which=2, suffix=[0] * 20, max_tokens=2)     # A: 20 tokens, 5 blocks
+    m.add(which=0, suffix=[0, 0, 0, 0], max_tokens=3)  # S: the 8-token prefix + 4
+    m.step(fail=False, token=0)                        # A's first chunk (12)
+    m.step(fail=False, token=0)                        # A's last 8; S's first 4 (block 0)
+    m.step(fail=False, token=0)                        # A decodes; S grows into block 1, runs dry, preempted
+    assert m.sched.num_preemptions == 1 and m.sched.waiting[0].request_id == "1"
+    for _ in range(4):                                 # S comes back (A finished), then decodes
+        m.step(fail=False, token=0)
+    assert not m.sched.has_unfinished()
