@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import random
 
-import torch
-
 from inferlab.generate import generate
 from inferlab.sampling import SamplingParams
 
