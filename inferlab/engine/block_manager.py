@@ -27,8 +27,9 @@ for tokens the next step will compute; nothing is findable yet. After the step, 
 ``cache_blocks(seq, num_computed_tokens)``, which names the full blocks lying wholly below
 ``num_computed_tokens`` (vLLM v1's rule). Naming at reservation time would be wrong whenever the
 reservation outlives its step unrun: a sequence preempted while it grows (its filled blocks would
-park in the cache with slots nobody wrote), an abort, or a forward that raised. The next prompt
-with that prefix would skip computing those positions and read garbage. We chose this over an
+park in the cache with slots nobody wrote), or a forward that raised (the server then aborts the
+requests in flight, and their blocks are freed). The next prompt with that prefix would skip
+computing those positions and read garbage. We chose this over an
 all-or-nothing ``grow``, which closes only the preemption path: naming after the step follows
 the one fact that matters (the K/V exists) and so covers every path, at the price that two
 prompts with a new shared prefix admitted in the *same* step do not share it; from the next step
