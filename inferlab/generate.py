@@ -72,10 +72,10 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        room = fit_max_tokens(sp.max_tokens, len(ids), cfg.max_position_embeddings,
+        fits = fit_max_tokens(sp.max_tokens, len(ids), cfg.max_position_embeddings,
                               context_name="model's context")  # stop at the context's end
-        if sp.max_tokens != room:
-            sp = SamplingParams(**{**sp.__dict__, "max_tokens": room})
+        if sp.max_tokens != fits:
+            sp = SamplingParams(**{**sp.__dict__, "max_tokens": fits})
         seqs.append(Sequence(i, list(ids), sp, status=SequenceStatus.RUNNING))
     max_new = max(s.params.max_tokens for s in seqs)
     p = max(len(x) for x in prompts)

@@ -64,11 +64,11 @@ class LLMEngine:
         c = self.config
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        room = fit_max_tokens(params.max_tokens, len(ids), c.max_model_len, context_name="max_model_len")
+        fits = fit_max_tokens(params.max_tokens, len(ids), c.max_model_len, context_name="max_model_len")
         if params.n > c.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={c.max_num_seqs}: raise max_num_seqs or lower n")
-        if params.max_tokens != room:  # as the contiguous path does: stop at the context's end
-            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+        if params.max_tokens != fits:  # as the contiguous path does: stop at the context's end
+            params = SamplingParams(**{**params.__dict__, "max_tokens": fits})
         pool = c.num_kv_blocks * c.block_size
         if len(ids) + params.max_tokens > pool:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the whole KV "
