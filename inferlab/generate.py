@@ -22,6 +22,7 @@ import torch
 
 from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache
+from inferlab.context import fit_max_tokens
 from inferlab.sampling import SamplingParams, make_generator, sample
 from inferlab.sequence import Sequence, SequenceStatus
 
@@ -71,12 +72,10 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        room = cfg.max_position_embeddings - len(ids)
-        if room < 1:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room in the model's "
-                             f"context of {cfg.max_position_embeddings}")
-        if sp.max_tokens > room:
-            sp = SamplingParams(**{**sp.__dict__, "max_tokens": room})
+        fits = fit_max_tokens(sp.max_tokens, len(ids), cfg.max_position_embeddings,
+                              context_name="model's context")  # stop at the context's end
+        if sp.max_tokens != fits:
+            sp = SamplingParams(**{**sp.__dict__, "max_tokens": fits})
         seqs.append(Sequence(i, list(ids), sp, status=SequenceStatus.RUNNING))
     max_new = max(s.params.max_tokens for s in seqs)
     p = max(len(x) for x in prompts)

@@ -6,11 +6,8 @@ arbitrary code when loaded, so inferlab refuses them and says how to convert.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +18,7 @@ from inferlab import moe
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
+from inferlab.folders import atomic_folder
 from inferlab.linear import default_linear
 from inferlab.model import CausalLM
 from inferlab.rope import rope_inv_freq
@@ -186,26 +184,6 @@ def _linear_factory(qcfg: dict | None):
         return default_linear
     from inferlab.quant.checkpoint import linear_factory
     return linear_factory(qcfg)
-
-
-@contextlib.contextmanager
-def atomic_folder(folder: str | os.PathLike):
-    """Yield a temporary sibling of ``folder``; on success it replaces ``folder`` in one rename, on
-    any error it is removed, so a crash never leaves a half-written model folder behind."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | os.PathLike,

@@ -8,8 +8,6 @@ a long prompt and a decode step (one token) are all the same thing with differen
 
     input_ids     [N]        the new tokens, sequence after sequence
     positions     [N]        each token's position in its own sequence (drives RoPE)
-    cu_seqlens_q  [B + 1]    where each sequence's new tokens start in the N rows
-    cu_seqlens_k  [B + 1]    the same for context lengths (FlashAttention varlen's convention)
     slot_mapping  [N]        the cache slot each new token's K/V is written to
     block_tables  [B, max_blocks] and context_lens [B]: where to read each sequence's K/V
 
@@ -34,8 +32,6 @@ class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # [N]
     block_tables: torch.Tensor  # [B, max_blocks] (padded with 0: masked by context_lens)
     context_lens: torch.Tensor  # [B]
-    cu_seqlens_q: torch.Tensor  # [B + 1]
-    cu_seqlens_k: torch.Tensor  # [B + 1]
     query_lens: list[int]  # host copies of the lengths, for the per-sequence loop
     context_lens_host: list[int]
     num_decodes: int = 0
@@ -43,14 +39,6 @@ class PagedAttentionMetadata:
     decode_slots: torch.Tensor | None = None  # [num_decodes, S] cache slot of every context token
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
     prefill_masks: list = dataclasses.field(default_factory=list)  # one per non-decode sequence
-
-    @property
-    def max_seqlen_q(self) -> int:
-        return max(self.query_lens)
-
-    @property
-    def max_seqlen_k(self) -> int:
-        return max(self.context_lens_host)
 
     def build_masks(self, sliding_window: int | None = None) -> None:
         """What every layer shares, built once per forward (the model calls this).

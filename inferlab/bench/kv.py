@@ -1,9 +1,11 @@
 """``inferlab bench kv``: how much KV-cache memory a contiguous and a paged cache waste.
 
 A seeded serving workload (mixed prompt and output lengths, some requests opening with one of a few
-shared system prompts) is replayed step by step through the :class:`BlockManager`, as a serving
-engine drives it: requests arrive, their prompt is allocated and prefilled, each running sequence
-decodes one token per step, finished sequences are freed. At every step we count
+shared system prompts) is run through the engine's own :class:`Scheduler` and :class:`BlockManager`
+(admission, token budget, preemption, prefix caching: the code ``LLMEngine`` runs), with a model
+runner that computes nothing: each step "writes" the K/V it was scheduled to and each sequence
+that reached its last token "samples" the next one from a fixed script. So the waste reported is
+the engine's, not that of a model of it. At every step we count
 
 * ``used``: token slots holding K/V a running sequence needs (its prompt + tokens so far);
 * ``contiguous reserved``: ``max_model_len`` slots per running sequence, as a static cache that
@@ -21,7 +23,10 @@ import json
 import random
 from dataclasses import dataclass
 
-from inferlab.engine.block_manager import BlockManager, NoFreeBlocksError
+from inferlab.engine.block_manager import BlockManager
+from inferlab.engine.request import EngineSequence
+from inferlab.engine.scheduler import Scheduler
+from inferlab.sampling import SamplingParams
 
 HOW_COUNTED = ("token-steps: at every engine step, used = prompt + generated tokens of each running "
                "sequence; contiguous reserved = max_model_len per running sequence; paged reserved = "
@@ -58,75 +63,59 @@ def make_workload(num_requests: int = 200, max_model_len: int = 2048, seed: int 
 def replay(requests: list[Request], block_size: int = 16, num_blocks: int | None = None,
            max_num_seqs: int = 32, max_model_len: int = 2048, enable_prefix_caching: bool = False,
            on_step=None) -> dict:
-    """Drive a BlockManager through the workload, first come first served; return token-step totals.
+    """Run the workload through the engine's Scheduler with a runner that computes nothing; return
+    token-step totals.
 
-    ``on_step(step, manager, running)`` is called after every step with {seq id: tokens generated}
-    (the allocator view records snapshots with it). A request waits while the batch is full or
-    blocks are short; when a decode step finds no free block, the newest sequence is preempted and
-    later recomputed from its prompt and the tokens it had (vLLM's recompute preemption).
+    The scheduler has the engine's default knobs (continuous policy, no chunked prefill, a token
+    budget of ``max(max_model_len, 2048)``). ``on_step(step, manager, running)`` is called after
+    every step with {seq id (the request's index): tokens generated} (the allocator view records
+    snapshots with it).
     """
     if num_blocks is None:      # the memory a contiguous cache needs for the same batch
         num_blocks = max_num_seqs * max_model_len // block_size
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-    waiting = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
-    running: list[int] = []               # in admission order
-    progress: dict[int, int] = {}         # seq id -> tokens generated so far (kept if preempted)
+    sched = Scheduler(bm, max_num_seqs, max(max_model_len, 2048))
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
     totals = {"used": 0, "contiguous": 0, "paged": 0, "peak_shared": 0, "steps": 0,
-              "prompt_tokens": 0, "cached_tokens": 0, "preemptions": 0}
+              "prompt_tokens": 0, "cached_tokens": 0}
     step = 0
-    while waiting or running:
-        while waiting and requests[waiting[0]].arrival <= step and len(running) < max_num_seqs:
-            seq = waiting[0]
-            tokens = requests[seq].prompt + requests[seq].output[:progress.get(seq, 0)]
-            try:                                      # prefill: the whole prompt's K/V is written
-                totals["cached_tokens"] += bm.allocate(seq, tokens)
-            except NoFreeBlocksError:
-                if not running:
-                    raise ValueError(f"request {seq} ({len(tokens)} tokens) does not fit in {num_blocks} "
-                                     f"blocks of {block_size}; give more blocks") from None
-                break
-            totals["prompt_tokens"] += len(tokens)
-            progress.setdefault(seq, 0)
-            waiting.pop(0)
-            running.append(seq)
-        for seq in list(running):                     # decode: one token each
-            if seq not in running:
-                continue                              # preempted during this step
-            out = requests[seq].output
-            if progress[seq] < len(out):
-                if not _append_or_preempt(bm, seq, out[progress[seq]], running, waiting, totals):
-                    continue
-                progress[seq] += 1
-            if progress[seq] == len(out):             # finished: its blocks go back
-                bm.free(seq)
-                running.remove(seq)
+    while order or sched.has_unfinished():
+        while order and requests[order[0]].arrival <= step:
+            i = order.pop(0)
+            r = requests[i]
+            sched.add(EngineSequence(i, list(r.prompt), SamplingParams(max_tokens=max(1, len(r.output)))))
+        before = {s.seq_id for s in sched.running}
+        out = sched.schedule()
+        if not out.scheduled and sched.waiting and not sched.running:
+            seq = sched.waiting[0]
+            raise ValueError(f"request {seq.seq_id} ({seq.num_tokens} tokens) does not fit in {num_blocks} "
+                             f"blocks of {block_size}; give more blocks")
+        for s in out.scheduled:
+            if s.seq.seq_id not in before:               # admitted now: prefix hits are not computed
+                totals["prompt_tokens"] += s.seq.num_tokens
+                totals["cached_tokens"] += s.seq.num_computed_tokens
+        sched.update_from_output(out)                    # the runner "wrote" the scheduled K/V
+        for s in out.scheduled:
+            seq = s.seq
+            if seq.num_computed_tokens == seq.num_tokens:  # its next token is "sampled"
+                script = requests[seq.seq_id].output
+                seq.output_token_ids.append(script[len(seq.output_token_ids)] if script else 0)
+                if len(seq.output_token_ids) >= len(script):
+                    sched.finish(seq)
+        running = sched.running
         if running:
-            totals["used"] += sum(bm.num_tokens(s) for s in running)
+            totals["used"] += sum(bm.num_tokens(s.seq_id) for s in running)
             totals["contiguous"] += max_model_len * len(running)
             totals["paged"] += block_size * (bm.num_blocks - bm.num_free_blocks)
-            held = {b for s in running for b in bm.block_table(s)}
+            held = {b for s in running for b in bm.block_table(s.seq_id)}
             totals["peak_shared"] = max(totals["peak_shared"], sum(bm.ref_count(b) > 1 for b in held))
             totals["steps"] += 1
         if on_step is not None:
-            on_step(step, bm, {s: progress[s] for s in running})
+            on_step(step, bm, {s.seq_id: len(s.output_token_ids) for s in running})
         step += 1
+    totals["preemptions"] = sched.num_preemptions
     totals["stats"] = bm.stats()
     return totals
-
-
-def _append_or_preempt(bm, seq, token, running, waiting, totals) -> bool:
-    """Append one token; when the pool is empty, preempt the newest sequence (it will recompute)."""
-    while True:
-        try:
-            bm.append_slot(seq, token)
-            return True
-        except NoFreeBlocksError:
-            victim = running.pop()                    # vLLM's default: the last admitted goes first
-            bm.free(victim)
-            waiting.insert(0, victim)
-            totals["preemptions"] += 1
-            if victim == seq:
-                return False
 
 
 def run(num_requests: int = 200, block_size: int = 16, max_model_len: int = 2048, max_num_seqs: int = 32,

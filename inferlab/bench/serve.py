@@ -22,23 +22,13 @@ import statistics
 import time
 from collections import deque
 
+from inferlab.bench.stats import percentile
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
 
 STARTS = ["def ", "class ", "import ", "for i in range(", "if __name__ == ", "return ", "with open(",
           "    def __init__(self", "try:\n    ", "# ", "x = [", "print(", "while True:\n    ", "raise ValueError("]
 WORDS = ["data", "path", "name", "value", "result", "items", "config", "buffer", "node", "count", "key", "line"]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def system_prompts(k: int, rng: random.Random) -> list[str]:
@@ -76,9 +66,10 @@ def make_workload(num_requests: int = 64, seed: int = 0, min_tokens: int = 8, ma
     return workload
 
 
-def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None) -> dict:
+def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, keep_outputs: bool = False) -> dict:
     """Run ``workload`` through ``LLM(**llm_kwargs)``'s engine (or ``llm``'s), each request added
-    when its ``arrival_s`` comes; return throughput, latency, scheduler and KV-pool counters."""
+    when its ``arrival_s`` comes; return throughput, latency, scheduler and KV-pool counters (and,
+    with ``keep_outputs``, ``"token_ids"``: each request's completion, in workload order)."""
     llm = llm or LLM(**llm_kwargs)
     engine = llm.llm_engine
     before = dict(engine.kv_cache_stats(), num_steps=engine.counters["num_steps"])
@@ -104,7 +95,9 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None) 
             for o in finals if len(o.outputs[0].token_ids) > 1]
     latency = [o.metrics.finished_time - o.metrics.arrival_time for o in finals]
     queries = after["prefix_queries"] - before["prefix_queries"]
-    return {"policy": engine.config.scheduler_policy, "requests": len(finals),
+    by_id = {o.request_id: o.outputs[0].token_ids for o in finals}
+    extra = {"token_ids": [by_id.get(f"offline-{i}") for i in range(len(workload))]} if keep_outputs else {}
+    return {**extra, "policy": engine.config.scheduler_policy, "requests": len(finals),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in finals), "output_tokens": out_tokens,
             "elapsed_s": elapsed, "output_tokens_per_s": out_tokens / elapsed, "requests_per_s": len(finals) / elapsed,
             "mean_ttft_s": statistics.fmean(ttft), "mean_tpot_s": statistics.fmean(tpot) if tpot else 0.0,

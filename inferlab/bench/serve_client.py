@@ -22,7 +22,7 @@ import time
 
 import httpx
 
-from inferlab.bench.serve import percentile
+from inferlab.bench.stats import percentile
 from inferlab.errors import InferlabError
 
 

@@ -22,9 +22,18 @@ Three ideas beyond the free list:
   keeps its content and stays findable until the pool runs short; then the least recently used
   one is evicted (its hash forgotten) and reused.
 
-A full block's hash is registered when the block is handed out (or fills up), so the engine must
-write its K/V in the step that allocated it: a ragged batch writes the K/V of every scheduled token
-in each layer before attention reads the cache.
+**A block is named only once its K/V is written.** ``allocate`` and ``append_slot`` reserve slots
+for tokens the next step will compute; nothing is findable yet. After the step, the scheduler calls
+``cache_blocks(seq, num_computed_tokens)``, which names the full blocks lying wholly below
+``num_computed_tokens`` (vLLM v1's rule). Naming at reservation time would be wrong whenever the
+reservation outlives its step unrun: a sequence preempted while it grows (its filled blocks would
+park in the cache with slots nobody wrote), or a forward that raised (the server then aborts the
+requests in flight, and their blocks are freed). The next prompt with that prefix would skip
+computing those positions and read garbage. We chose this over an
+all-or-nothing ``grow``, which closes only the preemption path: naming after the step follows
+the one fact that matters (the K/V exists) and so covers every path, at the price that two
+prompts with a new shared prefix admitted in the *same* step do not share it; from the next step
+on, they and every later one do.
 """
 from __future__ import annotations
 
@@ -42,7 +51,7 @@ class Block:
 
     block_id: int
     ref_count: int = 0
-    hash: int | None = None          # set once the block is full and registered for prefix caching
+    hash: int | None = None          # set once the block is full, computed and registered (prefix caching)
     token_ids: list[int] = field(default_factory=list)
 
     def reset(self) -> None:
@@ -69,7 +78,7 @@ class BlockManager:
         self._hash_to_block: dict[int, int] = {}
         self._tables: dict[int, list[int]] = {}
         self._tokens: dict[int, list[int]] = {}                  # every token id the table covers
-        self._hashes: dict[int, list[int]] = {}                  # chained hashes of its full blocks
+        self._hashes: dict[int, list[int]] = {}                  # chained hashes of its named leading blocks
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -127,7 +136,8 @@ class BlockManager:
         """Give a new sequence a block table covering all of token_ids; return num_cached_tokens.
 
         With prefix caching, leading full blocks whose chained hash is known are reused (at most
-        len(token_ids) - 1 tokens, so at least one token is computed and yields logits). Raises
+        len(token_ids) - 1 tokens, so at least one token is computed and yields logits). The new
+        blocks are not named until ``cache_blocks`` says their K/V is written. Raises
         NoFreeBlocksError, having allocated nothing, when blocks run short.
         """
         if seq_id in self._tables:
@@ -138,15 +148,15 @@ class BlockManager:
         bs = self.block_size
         num_blocks = self._blocks_for(len(token_ids))
         hashes, hits, parent = [], [], None
-        for i in range(len(token_ids) // bs):        # chained hashes of the full blocks
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
-            hashes.append(parent)
         if self.enable_prefix_caching:
             for i in range((len(token_ids) - 1) // bs):   # leave >= 1 token to compute
-                block_id = self._hash_to_block.get(hashes[i])
+                h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+                block_id = self._hash_to_block.get(h)
                 if block_id is None or self.blocks[block_id].token_ids != token_ids[i * bs:(i + 1) * bs]:
                     break
                 hits.append(self.blocks[block_id])
+                hashes.append(h)
+                parent = h
         revived = sum(1 for b in hits if b.ref_count == 0)
         if num_blocks - len(hits) + revived > self.num_free_blocks:
             raise NoFreeBlocksError(
@@ -161,8 +171,6 @@ class BlockManager:
         for i in range(len(hits), num_blocks):
             block = self._take_free_block()
             block.token_ids = token_ids[i * bs:(i + 1) * bs]
-            if i < len(hashes):
-                self._register(block, hashes[i])
             table.append(block.block_id)
         self._tables[seq_id], self._tokens[seq_id], self._hashes[seq_id] = table, token_ids, hashes
         return len(hits) * bs
@@ -189,12 +197,18 @@ class BlockManager:
                 block = copy
         block.token_ids.append(token_id)
         tokens.append(token_id)
-        if len(block.token_ids) == self.block_size:   # just filled: name it for prefix caching
-            hashes = self._hashes[seq_id]
-            h = block_hash(hashes[-1] if hashes else None, block.token_ids)
-            hashes.append(h)
-            self._register(block, h)
         return copies
+
+    def cache_blocks(self, seq_id: int, num_computed_tokens: int) -> None:
+        """The K/V of the sequence's first ``num_computed_tokens`` tokens is written: name every
+        full block below that line, so later prompts with this prefix find it (prefix caching)."""
+        if not self.enable_prefix_caching:
+            return
+        table, tokens, hashes, bs = self._tables[seq_id], self._tokens[seq_id], self._hashes[seq_id], self.block_size
+        for i in range(len(hashes), min(num_computed_tokens, len(tokens)) // bs):
+            h = block_hash(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs])
+            hashes.append(h)
+            self._register(self.blocks[table[i]], h)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref_count += 1 each): parallel sampling, n > 1."""

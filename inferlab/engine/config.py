@@ -20,6 +20,7 @@ import dataclasses
 import torch
 
 from inferlab.cache.paged import PagedKVCache
+from inferlab.engine.policy import POLICIES
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -44,8 +45,6 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two >= 1 (e.g. 16), got {bs!r}")
         if c.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
-        from inferlab.engine.policy import POLICIES
-
         if c.scheduler_policy not in POLICIES:
             raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
         if not 0 < c.gpu_memory_utilization <= 1:

@@ -18,6 +18,7 @@ import time
 import torch
 
 from inferlab.cache.paged import PagedKVCache
+from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.model_runner import ModelRunner, SeqInput
@@ -63,13 +64,11 @@ class LLMEngine:
         c = self.config
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        if len(ids) >= c.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room in max_model_len {c.max_model_len}")
+        fits = fit_max_tokens(params.max_tokens, len(ids), c.max_model_len, context_name="max_model_len")
         if params.n > c.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={c.max_num_seqs}: raise max_num_seqs or lower n")
-        room = c.max_model_len - len(ids)
-        if params.max_tokens > room:  # as the contiguous path does: stop at the context's end
-            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+        if params.max_tokens != fits:  # as the contiguous path does: stop at the context's end
+            params = SamplingParams(**{**params.__dict__, "max_tokens": fits})
         pool = c.num_kv_blocks * c.block_size
         if len(ids) + params.max_tokens > pool:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the whole KV "
@@ -118,11 +117,13 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
+        num_decodes = sum(1 for s in out.scheduled if _is_decode(s.seq, s.num_new_tokens))
+        num_prefill = out.num_batched_tokens - num_decodes
         logits = self.runner.execute(inputs, out.copies)
+        self.scheduler.update_from_output(out)  # K/V written: computed counts advance, full blocks named
         rows, ready = [], []
         for j, s in enumerate(out.scheduled):
             seq = s.seq
-            seq.num_computed_tokens += s.num_new_tokens
             if seq.num_computed_tokens == seq.num_tokens:  # its last token computed: sample the next
                 rows.append(j)
                 ready.append(seq)
@@ -135,7 +136,7 @@ class LLMEngine:
                 if seq.num_pending_forks:
                     self._fork(seq, logits[row], now, touched)
                 self._append(seq, tok, now, touched)
-        self._account(out, time.perf_counter() - t0)
+        self._account(num_prefill, num_decodes, time.perf_counter() - t0)
         if record is not None:
             record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])
             for hook in self.step_hooks:
@@ -148,7 +149,7 @@ class LLMEngine:
         rows = []
         for s in out.scheduled:
             seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            decode = k == 1 and start == seq.num_tokens - 1 and bool(seq.output_token_ids)
+            decode = _is_decode(seq, k)
             rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
                          "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
                          "chunk": not decode and (start > 0 or start + k < seq.num_tokens)})
@@ -182,17 +183,18 @@ class LLMEngine:
             self._append(child, tok, now, touched)
         parent.num_pending_forks = 0
 
-    def _account(self, out, seconds: float) -> None:
+    def _account(self, prefill: int, decodes: int, seconds: float) -> None:
+        """A step with any prefill token (a 1-token prompt's included) counts as prefill time;
+        a step of decodes only (each computes the token sampled last) as decode time."""
         c = self.counters
         c["num_steps"] += 1
-        prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
         c["num_prompt_tokens"] += prefill
         if prefill:
             c["prefill_s"] += seconds
             c["prefill_tokens"] += prefill
         else:
             c["decode_s"] += seconds
-            c["decode_tokens"] += len(out.scheduled)
+            c["decode_tokens"] += decodes
 
     # ---- outputs and statistics ---------------------------------------------------------------
     def _output(self, req: Request) -> RequestOutput:
@@ -227,3 +229,8 @@ class LLMEngine:
                  kv_cache_bytes=self.kv_cache.nbytes, num_running=self.num_running,
                  num_waiting=self.num_waiting, num_preemptions=self.num_preemptions)
         return s
+
+
+def _is_decode(seq: EngineSequence, num_new_tokens: int) -> bool:
+    """This step computes only the token sampled last (not a prompt token, however short the prompt)."""
+    return num_new_tokens == 1 and bool(seq.output_token_ids) and seq.num_computed_tokens == seq.num_tokens - 1

@@ -61,24 +61,22 @@ class ModelRunner:
         for t in tables:
             padded += t
             padded += [0] * (width - len(t))  # padding: masked by context_lens
-        cu_q, cu_k = [0], [0]
-        for q, c in zip(q_lens, ctx_lens):
-            cu_q.append(cu_q[-1] + q)
-            cu_k.append(cu_k[-1] + c)
-        last = [cu_q[j + 1] - 1 for j in range(len(seqs))]  # each sequence's last new token
+        last, end = [], 0
+        for q in q_lens:  # each sequence's last new token, in batch order
+            end += q
+            last.append(end - 1)
         inverse = [0] * len(seqs)
         for j, i in enumerate(order):
             inverse[i] = j
         last = [last[inverse[i]] for i in range(len(seqs))]  # back in the caller's order
         n, b = len(ids), len(seqs)
-        flat = torch.tensor(ids + positions + slots + ctx_lens + cu_q + cu_k + last + padded, device=self.device)
-        parts = flat.split([n, n, n, b, b + 1, b + 1, b, b * width])
+        flat = torch.tensor(ids + positions + slots + ctx_lens + last + padded, device=self.device)
+        parts = flat.split([n, n, n, b, b, b * width])
         meta = PagedAttentionMetadata(
             positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
-            block_tables=parts[7].view(b, width), context_lens=parts[3],
-            cu_seqlens_q=parts[4], cu_seqlens_k=parts[5], query_lens=q_lens, context_lens_host=ctx_lens,
-            num_decodes=sum(1 for q in q_lens if q == 1))
-        return parts[0][None], meta, parts[6], order
+            block_tables=parts[5].view(b, width), context_lens=parts[3], query_lens=q_lens,
+            context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1))
+        return parts[0][None], meta, parts[4], order
 
     @torch.inference_mode()
     def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),

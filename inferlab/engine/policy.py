@@ -8,17 +8,21 @@ two can be compared fairly (``inferlab.bench.serve``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
-from inferlab.engine.scheduler import Scheduler, SchedulerOutput
+from inferlab.engine.sched_output import SchedulerOutput
+
+if TYPE_CHECKING:  # the scheduler imports this module to pick its policy; annotations only here
+    from inferlab.engine.scheduler import Scheduler
 
 
 class SchedulingPolicy(ABC):
     @abstractmethod
-    def schedule(self, s: Scheduler) -> SchedulerOutput:
+    def schedule(self, s: "Scheduler") -> SchedulerOutput:
         """Pick this step's sequences and token counts; preempt when the KV pool runs dry."""
 
 
-def schedule_running(s: Scheduler, out: SchedulerOutput, budget: int) -> int:
+def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int) -> int:
     """Running sequences, oldest first, each gets its next tokens; when blocks run out the newest
     running sequence is preempted (possibly the one being scheduled). Returns the budget left."""
     i = 0
@@ -39,7 +43,7 @@ def schedule_running(s: Scheduler, out: SchedulerOutput, budget: int) -> int:
 
 
 class ContinuousPolicy(SchedulingPolicy):
-    def schedule(self, s: Scheduler) -> SchedulerOutput:
+    def schedule(self, s: "Scheduler") -> SchedulerOutput:
         out = SchedulerOutput()
         budget = schedule_running(s, out, s.max_num_batched_tokens)
         if out.preempted:  # the pool is short: admitting now would only preempt again
@@ -59,7 +63,7 @@ class StaticPolicy(SchedulingPolicy):
     def __init__(self):
         self.batch_open = True
 
-    def schedule(self, s: Scheduler) -> SchedulerOutput:
+    def schedule(self, s: "Scheduler") -> SchedulerOutput:
         out = SchedulerOutput()
         if not s.running:
             self.batch_open = True

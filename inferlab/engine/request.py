@@ -41,10 +41,6 @@ class EngineSequence(Sequence):
             return self.output_token_ids[start - p:end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
 
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
-
 
 @dataclasses.dataclass
 class RequestMetrics:
@@ -55,10 +51,6 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-
-    @property
-    def time_to_first_token(self) -> float | None:
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
 
 @dataclasses.dataclass(eq=False)

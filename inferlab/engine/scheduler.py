@@ -17,39 +17,20 @@ The policy (``policy.py``) writes the step with the primitives below: ``num_new_
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 
 from inferlab.engine.block_manager import BlockManager, NoFreeBlocksError
+from inferlab.engine.policy import get_policy
 from inferlab.engine.request import EngineSequence
+from inferlab.engine.sched_output import ScheduledSeq, SchedulerOutput
 from inferlab.sequence import SequenceStatus
 
-
-@dataclasses.dataclass
-class ScheduledSeq:
-    seq: EngineSequence
-    num_new_tokens: int
-
-
-@dataclasses.dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = dataclasses.field(default_factory=list)
-    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # copy-on-write (src, dst)
-    preempted: list[EngineSequence] = dataclasses.field(default_factory=list)
-
-    def add(self, seq: EngineSequence, num_new_tokens: int) -> None:
-        self.scheduled.append(ScheduledSeq(seq, num_new_tokens))
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+__all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq"]
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool = False, policy: str = "continuous"):
-        from inferlab.engine.policy import get_policy
-
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -109,7 +90,7 @@ class Scheduler:
         first = self.num_new_tokens(seq, budget)
         if first == 0 or not self.block_manager.can_allocate(first):
             return 0
-        try:  # allocate only what this step computes: a full block's hash is registered at once
+        try:
             cached = self.block_manager.allocate(seq.seq_id, seq.token_ids(0, first))
         except NoFreeBlocksError:
             return 0
@@ -123,6 +104,14 @@ class Scheduler:
         return k
 
     # ---- the engine's calls after a step ------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The step ran: each scheduled sequence has its new tokens' K/V written. Advance its
+        ``num_computed_tokens`` and name its blocks that are now full of computed K/V (only now:
+        see block_manager.py). Not called when the forward raised, so nothing uncomputed is named."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.cache_blocks(s.seq.seq_id, s.seq.num_computed_tokens)
+
     def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
         self.block_manager.fork(parent.seq_id, child.seq_id)
         child.status = SequenceStatus.RUNNING

@@ -169,7 +169,7 @@ def atomic_folder(folder: str | os.PathLike, overwrite: bool = False, source: st
     rename, files an earlier inferlab run wrote and this one does not are removed, and nothing else
     is touched. Every file is left readable by all (0644 under the usual umask), as a model folder is.
     """
-    from inferlab.loader import atomic_folder as _atomic_folder
+    from inferlab.folders import atomic_folder as _atomic_folder
 
     folder = Path(folder)
     check_output_folder(folder, overwrite, Path(source) if source is not None else None)

@@ -19,6 +19,7 @@ import contextlib
 import time
 from typing import AsyncIterator
 
+from inferlab.context import ContextLengthError, fit_max_tokens
 from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine
@@ -100,19 +101,11 @@ class OpenAIServing:
             self.num_admitting -= 1
 
     def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
-        limit = min(self.max_model_len, self.pool_slots)
-        if prompt_len >= limit:
-            raise ApiError(f"the prompt has {prompt_len} tokens, but this model's context is {limit} tokens: "
-                           f"shorten the prompt", param="prompt")
-        if requested is None:
-            return limit - prompt_len
-        if requested < 1:
-            raise ApiError(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
-        if prompt_len + requested > limit:
-            raise ApiError(f"this model's maximum context length is {limit} tokens, but {prompt_len + requested} "
-                           f"were requested ({prompt_len} in the prompt, {requested} to generate): lower "
-                           f"max_tokens or shorten the prompt", param="max_tokens")
-        return requested
+        try:  # the rule lives in inferlab/context.py; the server refuses what does not fit
+            return fit_max_tokens(requested, prompt_len, min(self.max_model_len, self.pool_slots), strict=True,
+                                  context_name="model's context")
+        except ContextLengthError as err:
+            raise ApiError(str(err), param=err.param) from None
 
     def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:

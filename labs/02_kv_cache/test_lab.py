@@ -11,6 +11,18 @@ lab = labkit.implementation(__file__, reference="inferlab.engine.block_manager",
                             functions=["BlockManager", "NoFreeBlocksError"])
 
 
+def prefilled(bm):
+    """``allocate``, then the prompt's prefill runs. The engine's allocator names a block for prefix
+    hits only once its K/V is written (``cache_blocks``, called after each step); an allocator
+    without that method names full blocks in ``allocate`` itself, which is the same here."""
+    def allocate(seq_id, token_ids):
+        cached = bm.allocate(seq_id, token_ids)
+        if hasattr(bm, "cache_blocks"):
+            bm.cache_blocks(seq_id, len(token_ids))
+        return cached
+    return allocate
+
+
 def books(bm, tables):
     """Reference counts and free blocks must agree with the block tables."""
     holders = [0] * bm.num_blocks
@@ -156,6 +168,8 @@ class Allocator(RuleBasedStateMachine):
                           "a prefix hit must point at blocks holding this prompt's own K/V", prompt=prompt, position=p)
         for p in range(cached, len(prompt)):
             self.shadow[self.bm.slot(seq, p)] = kv(prompt[:p + 1])
+        if hasattr(self.bm, "cache_blocks"):  # the prefill ran: its full blocks may be named now
+            self.bm.cache_blocks(seq, len(prompt))
         self.tokens[seq] = list(prompt)
         return seq
 
@@ -230,28 +244,28 @@ def test_random_workloads_keep_the_books():
 def test_prefix_caching_reuses_full_blocks():
     bm = lab.BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     system = [11, 12, 13, 14, 15, 16, 17, 18]
-    labkit.check(bm.allocate, 0, system + [1, 2], expected=0)
-    labkit.check(bm.allocate, 1, system + [3], expected=8)            # both full blocks found
+    labkit.check(prefilled(bm), 0, system + [1, 2], expected=0)
+    labkit.check(prefilled(bm), 1, system + [3], expected=8)          # both full blocks found
     labkit.expect(bm.block_table(1)[:2] == bm.block_table(0)[:2], "a hit reuses the same physical blocks",
                   tables=[bm.block_table(0), bm.block_table(1)])
-    labkit.check(bm.allocate, 2, system, expected=4)                  # one token must be computed
-    labkit.check(bm.allocate, 3, [11, 12, 13, 99] + system[4:] + [1], expected=0)   # chained: a different parent
-    labkit.check(bm.allocate, 4, system[:4] + [1, 2], expected=4)     # a partly filled block never matches
+    labkit.check(prefilled(bm), 2, system, expected=4)                # one token must be computed
+    labkit.check(prefilled(bm), 3, [11, 12, 13, 99] + system[4:] + [1], expected=0)   # chained: a different parent
+    labkit.check(prefilled(bm), 4, system[:4] + [1, 2], expected=4)   # a partly filled block never matches
     books(bm, [0, 1, 2, 3, 4])
 
 
 @labkit.points(2)
 def test_freed_blocks_stay_cached_until_needed():
     bm = lab.BlockManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
-    bm.allocate(0, [1, 2, 3])              # [1,2] full, [3] partial
-    bm.allocate(1, [5, 6, 7])              # [5,6] full, [7] partial
+    prefilled(bm)(0, [1, 2, 3])            # [1,2] full, [3] partial
+    prefilled(bm)(1, [5, 6, 7])            # [5,6] full, [7] partial
     bm.free(0)
     bm.free(1)
     free_is(bm, 6, "when every block is free (cached-but-free blocks count as free)")
-    bm.allocate(2, list(range(20, 30)))    # 5 blocks: the 4 empty ones first, then it must evict
+    prefilled(bm)(2, list(range(20, 30)))  # 5 blocks: the 4 empty ones first, then it must evict
     bm.free(2)                             # one cached block: the least recently freed, seq 0's [1,2]
-    labkit.check(bm.allocate, 3, [5, 6, 9], expected=2)   # seq 1's block survived and is revived
-    labkit.check(bm.allocate, 4, [1, 2, 9], expected=0)   # seq 0's was evicted
+    labkit.check(prefilled(bm), 3, [5, 6, 9], expected=2)  # seq 1's block survived and is revived
+    labkit.check(prefilled(bm), 4, [1, 2, 9], expected=0)  # seq 0's was evicted
     books(bm, [3, 4])
 
 

@@ -15,16 +15,31 @@ def test_workload_is_seeded_and_long_tailed():
 
 
 def test_run_offline_both_policies(tmp_path):
+    """Both policies give every request the completion of a solo greedy run of the contiguous path;
+    only the schedule differs (continuous needs fewer steps)."""
     from core.checkpoints import save_with_tokenizer
+
+    from inferlab.generate import generate
+    from inferlab.loader import load_checkpoint
+    from inferlab.sampling import SamplingParams
+
+    from .conftest import same_greedy
 
     save_with_tokenizer(tmp_path)
     workload = make_workload(12, seed=0, max_tokens=24, num_system_prompts=0)  # 128-token context
-    runs = {p: run_offline(dict(model=str(tmp_path), device="cpu", max_num_seqs=4, scheduler_policy=p), workload)
+    runs = {p: run_offline(dict(model=str(tmp_path), device="cpu", max_num_seqs=4, scheduler_policy=p), workload,
+                           keep_outputs=True)
             for p in ("continuous", "static")}
     for r in runs.values():
         assert r["requests"] == 12 and r["output_tokens"] == sum(w["max_tokens"] for w in workload)
         assert r["output_tokens_per_s"] > 0 and r["mean_ttft_s"] > 0
     assert runs["continuous"]["num_steps"] < runs["static"]["num_steps"]  # idle slots refilled
+    model, tok = load_checkpoint(tmp_path, device="cpu")
+    for w, cont, stat in zip(workload, runs["continuous"]["token_ids"], runs["static"]["token_ids"]):
+        ids = tok.encode(w["prompt"])
+        solo = generate(model, [ids], [SamplingParams(temperature=0, max_tokens=w["max_tokens"], ignore_eos=True)])
+        want = solo[0].output_token_ids
+        assert same_greedy(model, ids, cont, want) and same_greedy(model, ids, stat, want)
 
 
 def test_bench_serve_cli_json(capsys):

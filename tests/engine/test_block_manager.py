@@ -60,6 +60,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 assert self.shadow.get(table[i] * bs + j) == kv(prompt[:p + 1])
         for p in range(cached, len(prompt)):          # prefill computes the rest
             self.shadow[self.bm.slot(seq, p)] = kv(prompt[:p + 1])
+        self.bm.cache_blocks(seq, len(prompt))        # written: its full blocks may be named now
         self.tokens[seq] = list(prompt)
         return seq
 
@@ -85,6 +86,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         written = self.bm.block_table(seq)[p // bs]
         assert self.bm.ref_count(written) == 1, "a write into a block another table holds"
         self.shadow[self.bm.slot(seq, p)] = kv(self.tokens[seq])
+        self.bm.cache_blocks(seq, len(self.tokens[seq]))
 
     @rule(target=seqs, parent=seqs)
     def fork(self, parent):
@@ -181,16 +183,18 @@ def test_full_shared_block_needs_no_copy():
 
 def test_prefix_hit_and_lru_eviction():
     bm = BlockManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
-    assert bm.allocate(0, [1, 2, 3, 4, 5]) == 0      # blocks 0,1 full (hashed), 2 partial
+    assert bm.allocate(0, [1, 2, 3, 4, 5]) == 0      # blocks 0,1 full, 2 partial
+    bm.cache_blocks(0, 5)                            # prefilled: blocks 0 and 1 are named
     assert bm.allocate(1, [1, 2, 3, 4, 9]) == 4      # shares blocks 0 and 1
     assert bm.block_table(1) == [0, 1, 3]
     assert bm.stats()["prefix_hits"] == 2 and bm.stats()["prefix_queries"] == 4
     assert bm.allocate(2, [1, 2, 3, 4]) == 2         # at least one token is computed
+    bm.cache_blocks(1, 5), bm.cache_blocks(2, 4)
     bm.free(0), bm.free(1), bm.free(2)
     assert bm.stats()["cached_blocks"] == 2 and bm.num_free_blocks == 6
     assert list(bm._evictable) == [1, 0]             # least recently used first
     bm.allocate(3, [7] * 10)                         # 4 empty blocks, then evicts block 1
-    assert bm.is_cached(0) and not bm.is_cached(1)
+    assert bm.is_cached(0) and not bm.is_cached(1)   # (block 3 was never computed: not named)
     bm.free(3)
     assert bm.allocate(4, [1, 2, 3, 4, 5]) == 2      # block 0 revived; block 1's content is gone
     assert bm.block_table(4)[0] == 0
@@ -199,8 +203,29 @@ def test_prefix_hit_and_lru_eviction():
 def test_partly_filled_block_is_never_matched():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     bm.allocate(0, [1, 2, 3, 4, 5, 6])
+    bm.cache_blocks(0, 6)
     bm.free(0)
     assert bm.allocate(1, [1, 2, 3, 4, 5, 6, 7]) == 4
+
+
+def test_a_block_is_named_only_once_its_kv_is_written():
+    """Preempted before its step ran, a sequence leaves nothing findable: the next prompt with the
+    same prefix computes it again instead of reading slots nobody wrote."""
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    bm.allocate(0, [1, 2, 3, 4, 5])
+    for t in [6, 7, 8, 9]:
+        bm.append_slot(0, t)                         # blocks 0 and 1 full of reserved slots
+    bm.cache_blocks(0, 3)                            # the step computed 3 tokens: no block is whole
+    assert bm.stats()["cached_blocks"] == 0 and not bm._hash_to_block
+    bm.free(0)                                       # preempted
+    assert bm.allocate(1, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0 and bm.num_free_blocks == 5
+    bm.cache_blocks(1, 6)                            # 6 computed: block 0 only
+    bm.free(1)
+    assert bm.allocate(2, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 4
+    bm.cache_blocks(2, 9)
+    bm.fork(2, 3)                                    # a child names nothing twice
+    bm.cache_blocks(3, 9)
+    assert len(bm._hash_to_block) == 2
 
 
 def test_bad_inputs():

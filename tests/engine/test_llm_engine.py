@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from inferlab import LLM, SamplingParams
 from inferlab.generate import generate
@@ -19,11 +20,15 @@ def reference(pair, prompts, params=GREEDY):
     return [s.output_token_ids for s in generate(model, ids, [params] * len(ids), model.config.eos_token_ids, tok)]
 
 
-def engine_tokens(pair, prompts, params=GREEDY, **knobs):
-    engine = make_engine(pair, **knobs)
+def engine_tokens(pair, prompts, params=GREEDY, late=0, **knobs):
+    """Greedy tokens of every prompt through one engine; the last ``late`` prompts arrive after
+    the first step (prefix caching names a block once its K/V is computed)."""
+    engine, finals = make_engine(pair, **knobs), {}
     for i, p in enumerate(prompts):
+        if late and i == len(prompts) - late:
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
         engine.add_request(str(i), p, params)
-    finals = run_all(engine)
+    finals.update(run_all(engine))
     assert engine.kv_cache_stats()["used_blocks"] == 0
     return [finals[str(i)].outputs[0].token_ids for i in range(len(prompts))], engine
 
@@ -56,29 +61,69 @@ def test_llm_generate_runs_on_the_engine(target):
                                    dict(block_size=1), dict(block_size=64)])
 def test_knobs_do_not_change_greedy_tokens(target, knobs):
     shared = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-    prompts = PROMPTS + [shared + "def mul(a, b):", shared + "def div(a, b):", shared]
-    got, engine = engine_tokens(target, prompts, **knobs)
+    prompts = PROMPTS + [shared, shared + "def mul(a, b):", shared + "def div(a, b):"]
+    got, engine = engine_tokens(target, prompts, late=2, **knobs)
     assert got == reference(target, prompts)
     if knobs.get("enable_prefix_caching"):
         assert engine.kv_cache_stats()["prefix_hits"] > 0
 
 
+def record_copies(engine) -> list:
+    """Wrap the KV cache's copy_blocks: every copy-on-write pair, and the K rows it copied."""
+    seen, copy = [], engine.kv_cache.copy_blocks
+
+    def recording(pairs):
+        copy(pairs)
+        for src, dst in pairs:
+            seen.append((src, dst, torch.equal(engine.kv_cache.k[:, dst], engine.kv_cache.k[:, src])))
+    engine.kv_cache.copy_blocks = recording
+    return seen
+
+
 def test_parallel_sampling_forks_copy_on_write(target):
+    prompt = PROMPTS[0]  # 5 tokens: its last block of 4 is partly filled, so children must copy it
+    ids = target[1].encode(prompt)
+    assert len(ids) % 4 != 0
     engine = make_engine(target, block_size=4)
-    engine.add_request("g", PROMPTS[2], SamplingParams(temperature=0, max_tokens=10, n=3, ignore_eos=True))
-    engine.add_request("s", PROMPTS[2], SamplingParams(temperature=1.0, seed=7, max_tokens=10, n=3, ignore_eos=True))
+    copies = record_copies(engine)
+    engine.add_request("g", prompt, SamplingParams(temperature=0, max_tokens=10, n=3, ignore_eos=True))
+    engine.add_request("s", prompt, SamplingParams(temperature=1.0, seed=7, max_tokens=10, n=3, ignore_eos=True))
     engine.step()  # both prompts prefilled, children forked: they share the prompt's blocks
-    assert engine.kv_cache_stats()["shared_blocks"] > 0 and engine.num_running == 6
+    assert engine.kv_cache_stats()["shared_blocks"] > 0 and engine.num_running == 6 and not copies
+    engine.step()  # each writes its first own token into the shared partial block: two of three copy
+    assert len(copies) == 4 and all(same for _, _, same in copies)
+    assert len({dst for _, dst, _ in copies}) == 4
     finals = run_all(engine)
     greedy = [c.token_ids for c in finals["g"].outputs]
     assert [c.index for c in finals["g"].outputs] == [0, 1, 2]
-    assert greedy == [reference(target, [PROMPTS[2]], SamplingParams(temperature=0, max_tokens=10))[0]] * 3
+    assert greedy == [reference(target, [prompt], SamplingParams(temperature=0, max_tokens=10))[0]] * 3
     sampled = [c.token_ids for c in finals["s"].outputs]
     assert len({tuple(t) for t in sampled}) > 1  # seed + i per child
     assert engine.kv_cache_stats()["used_blocks"] == 0
-    again = make_engine(target, block_size=4)
-    again.add_request("s", PROMPTS[2], SamplingParams(temperature=1.0, seed=7, max_tokens=10, n=3, ignore_eos=True))
+    again = make_engine(target, block_size=4)  # one at a time: each sequence's own blocks, same draws
+    again.add_request("s", prompt, SamplingParams(temperature=1.0, seed=7, max_tokens=10, n=3, ignore_eos=True))
     assert [c.token_ids for c in run_all(again)["s"].outputs] == sampled
+
+
+def test_forked_children_do_not_recompute_the_prompt(target):
+    """n = 3: the prompt is prefilled once; the children start from the parent's computed K/V."""
+    engine = make_engine(target, block_size=4)
+    ids = target[1].encode(PROMPTS[2])
+    engine.add_request("g", ids, SamplingParams(temperature=0, max_tokens=4, n=3, ignore_eos=True))
+    run_all(engine)
+    c = engine.counters
+    assert c["num_prompt_tokens"] == c["prefill_tokens"] == len(ids)
+    assert c["decode_tokens"] == 3 * 3 and c["num_generation_tokens"] == 3 * 4
+
+
+def test_prefill_and_decode_counters_for_a_one_token_prompt(target):
+    """A 1-token prompt's prefill computes one token, but it is a prefill, not a decode."""
+    engine = make_engine(target)
+    engine.add_request("one", [5], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    run_all(engine)
+    c = engine.counters
+    assert (c["num_prompt_tokens"], c["prefill_tokens"], c["decode_tokens"], c["num_steps"]) == (1, 1, 3, 4)
+    assert c["prefill_s"] > 0 and c["decode_s"] > 0
 
 
 def test_abort_frees_blocks(target):

@@ -1,0 +1,31 @@
+"""What one scheduler step decided (vLLM v1's ``SchedulerOutput``): the sequences to run and how many
+tokens each, the copy-on-write block copies to make first, and who was preempted.
+
+Its own module so that the policies (``policy.py``) and the scheduler's primitives
+(``scheduler.py``) both use it without importing each other.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from inferlab.engine.request import EngineSequence
+
+
+@dataclasses.dataclass
+class ScheduledSeq:
+    seq: EngineSequence
+    num_new_tokens: int
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = dataclasses.field(default_factory=list)
+    copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # copy-on-write (src, dst)
+    preempted: list[EngineSequence] = dataclasses.field(default_factory=list)
+
+    def add(self, seq: EngineSequence, num_new_tokens: int) -> None:
+        self.scheduled.append(ScheduledSeq(seq, num_new_tokens))
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
