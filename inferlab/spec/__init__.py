@@ -6,8 +6,8 @@
 """
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.rejection import (
-    expected_tokens_per_step, predicted_speedup, recovered_probs, rejection_sample,
+    expected_tokens_per_step, greedy_verify, predicted_speedup, recovered_probs, rejection_sample,
 )
 
-__all__ = ["NgramProposer", "expected_tokens_per_step", "predicted_speedup", "recovered_probs",
+__all__ = ["NgramProposer", "expected_tokens_per_step", "greedy_verify", "predicted_speedup", "recovered_probs",
            "rejection_sample"]

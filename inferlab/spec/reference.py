@@ -23,7 +23,7 @@ from inferlab.cache import ContiguousKVCache
 from inferlab.sampling import SamplingParams, make_generator, probs_from_logits
 from inferlab.sequence import Sequence, SequenceStatus
 from inferlab.spec.ngram import NgramProposer
-from inferlab.spec.rejection import rejection_sample
+from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
 @dataclasses.dataclass
@@ -125,8 +125,10 @@ def speculative_generate(target, prompt_ids: list[int], params: SamplingParams, 
             guesses, q = guesses[:budget], q[:budget]
         t2 = time.perf_counter()
         logits = _forward(target, [tokens[-1]] + guesses, cache, len(tokens) - 1)
-        p = probs_from_logits(logits, params)
-        emitted = rejection_sample([guesses], p, q, [gen])[0]
+        if params.greedy:  # the argmax-match special case, without one-hot rows
+            emitted = greedy_verify([guesses], logits.argmax(-1))[0]
+        else:
+            emitted = rejection_sample([guesses], probs_from_logits(logits, params), q, [gen])[0]
         stats.target_s += time.perf_counter() - t2
         stats.draft_s += t2 - t1
         stats.steps += 1

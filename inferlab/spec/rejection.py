@@ -108,6 +108,21 @@ def rejection_sample(draft_token_ids: list[list[int]], target_probs: torch.Tenso
     return [list(x[:n]) + [f] for x, n, f in zip(draft_token_ids, n_list, f_list)]
 
 
+def greedy_verify(draft_token_ids: list[list[int]], target_argmax: torch.Tensor) -> list[list[int]]:
+    """The greedy case of :func:`rejection_sample` without building one-hot distributions: keep
+    the guesses while they equal the target's argmax, then emit the argmax at the first mismatch
+    (or the bonus position). ``target_argmax``: [sum(k_i + 1)] in the same flat layout."""
+    best = target_argmax.tolist()
+    out, row = [], 0
+    for guesses in draft_token_ids:
+        n = 0
+        while n < len(guesses) and guesses[n] == best[row + n]:
+            n += 1
+        out.append(list(guesses[:n]) + [best[row + n]])
+        row += len(guesses) + 1
+    return out
+
+
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Tokens one verify step emits when each guess is accepted with probability ``alpha``
     independently: (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023, eq. 1)."""

@@ -161,3 +161,14 @@ def test_no_guesses_is_plain_sampling_from_the_target():
     counts = torch.bincount(torch.tensor([x[0] for x in out]), minlength=4).double()
     chi2 = ((counts - p * n) ** 2 / (p * n)).sum().item()
     assert chi2 < chi2_critical(3), chi2
+
+
+def test_greedy_verify_matches_rejection_sampling_on_one_hot_rows():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        ks = torch.randint(0, 4, (3,), generator=g).tolist()
+        guesses = [torch.randint(0, 3, (k,), generator=g).tolist() for k in ks]
+        argmax = torch.randint(0, 3, (sum(ks) + 3,), generator=g)
+        p = torch.nn.functional.one_hot(argmax, 3).float()
+        from inferlab.spec import greedy_verify
+        assert greedy_verify(guesses, argmax) == rejection_sample(guesses, p)
