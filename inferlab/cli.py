@@ -28,6 +28,7 @@ COMMANDS = {
     "train": ("inferlab.train", "train the embedded target and draft models"),
     "eval": ("inferlab.eval", "evaluation harnesses (perplexity)"),
     "quantize": ("inferlab.quant.cli", "quantize a model (int8, int4, gptq, awq, nf4, gguf blocks)"),
+    "distill": ("inferlab.spec.distill", "distil the draft from the target (speculative decoding)"),
     "models": ("inferlab.embedded", "list the embedded models"),
     "grade": ("inferlab.grade", "grade a lab (Gradescope-style results)"),
 }

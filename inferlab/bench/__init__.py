@@ -10,6 +10,7 @@ BENCHES = {
     "quant": ("inferlab.bench.quant", "every quantization method: bytes, perplexity, decode speed"),
     "kv": ("inferlab.bench.kv", "KV-cache memory wasted: contiguous vs paged, prefix sharing"),
     "serve": ("inferlab.bench.serve", "continuous vs static batching on one workload; --url: any OpenAI server"),
+    "spec": ("inferlab.bench.spec", "speculative decoding at batch 1: measured vs predicted speedup (n-gram, draft)"),
     "gqa": ("inferlab.bench.gqa", "MHA vs GQA vs MQA: KV bytes, sequences per KV budget, decode speed, perplexity"),
 }
 

@@ -1,0 +1,134 @@
+"""Speculative decoding at batch 1: measured speedup beside Leviathan's prediction.
+
+Greedy, on prompts cut from held-out files of the corpus (the ``test`` split: code the models
+never trained on). Per method and k: tokens/s against plain decoding on the same contiguous
+path (timed alternately, best of ``--repeats``), the acceptance rate a, the mean acceptance
+length, the draft's cost c (one draft forward over one target forward), the verify cost v (a
+(k+1)-token target forward over a 1-token one), and the speedup the formula predicts from them:
+(1 - a^(k+1)) / ((1 - a)(k c + v)). ``outputs_identical`` checks every output against plain
+decoding. This runs the contiguous reference loop (``inferlab.spec.reference``); the engine's
+batched speculative mode is not built yet, so the batch-size table is not reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from inferlab.corpus import load_corpus
+from inferlab.generate import generate
+from inferlab.loader import load_checkpoint
+from inferlab.sampling import SamplingParams
+from inferlab.spec.ngram import NgramProposer
+from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
+from inferlab.spec.rejection import predicted_speedup
+
+
+def held_out_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
+    """The first ``prompt_tokens`` tokens of n held-out files long enough to give them."""
+    prompts = []
+    for f in load_corpus("test"):
+        ids = tokenizer.encode(f.text)
+        if len(ids) >= prompt_tokens + 64:
+            prompts.append(ids[:prompt_tokens])
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def _forward_cost(model, tokens: int, context: int, repeats: int = 20) -> float:
+    """Best time of one forward of ``tokens`` new tokens over ``context`` cached ones."""
+    from inferlab.cache import ContiguousKVCache
+
+    cache = ContiguousKVCache.for_model(model.config, 1, context + tokens, model.dtype, model.device)
+    with torch.inference_mode():
+        _forward(model, list(range(1, context + 1)), cache, 0)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            _forward(model, list(range(1, tokens + 1)), cache, context)
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: int = 4,
+        prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 2) -> dict:
+    tmodel, tok = load_checkpoint(target, device="cpu")
+    dmodel, _ = load_checkpoint(draft, device="cpu")
+    prompts = held_out_prompts(tok, num_prompts, prompt_tokens)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    plain_out = [generate(tmodel, [p], [params])[0].output_token_ids for p in prompts]
+    methods = [("ngram", k, lambda k=k: NgramProposer(k, 1, 4)) for k in ks]
+    methods += [("draft", k, lambda k=k: DraftModelProposer(dmodel, k)) for k in ks]
+
+    def plain():
+        for p in prompts:
+            generate(tmodel, [p], [params])
+
+    def spec(make):
+        stats, outs = [], []
+        for p in prompts:
+            seq, s = speculative_generate(tmodel, p, params, make())
+            outs.append(seq.output_token_ids)
+            stats.append(s)
+        return outs, stats
+
+    best_plain, best = float("inf"), {}
+    plain()  # warm-up
+    results = {}
+    for _ in range(repeats):  # alternate baseline and methods, keep each one's best
+        t = time.perf_counter(); plain(); best_plain = min(best_plain, time.perf_counter() - t)
+        for name, k, make in methods:
+            t = time.perf_counter(); outs, stats = spec(make); dt = time.perf_counter() - t
+            if dt < best.get((name, k), float("inf")):
+                best[(name, k)] = dt
+                results[(name, k)] = (outs, stats)
+    one = _forward_cost(tmodel, 1, prompt_tokens)
+    c_draft = _forward_cost(dmodel, 1, prompt_tokens) / one
+    total_new = new_tokens * len(prompts)
+    rows = []
+    for name, k, _ in methods:
+        outs, stats = results[(name, k)]
+        proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
+        a = accepted / max(proposed, 1)
+        c = c_draft if name == "draft" else 0.0  # prompt lookup's cost is a few array scans
+        v = _forward_cost(tmodel, k + 1, prompt_tokens) / one
+        rows.append({"method": name, "num_speculative_tokens": k,
+                     "tokens_per_s": total_new / best[(name, k)],
+                     "speedup": best_plain / best[(name, k)], "acceptance_rate": a,
+                     "mean_acceptance_length": sum(s.emitted for s in stats) / max(sum(s.steps for s in stats), 1),
+                     "draft_cost_ratio": c, "verify_cost_ratio": v,
+                     "predicted_speedup": predicted_speedup(a, k, c, v),
+                     "outputs_identical": outs == plain_out})
+    return {"path": "contiguous reference loop, batch 1, greedy", "target": target, "draft": draft,
+            "prompts": len(prompts), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
+            "threads": torch.get_num_threads(), "baseline_tokens_per_s": total_new / best_plain,
+            "methods": rows}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="inferlab bench spec", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="target", help="target model (default: target)")
+    p.add_argument("--draft", default="draft", help="draft model (default: draft)")
+    p.add_argument("--k", type=int, nargs="+", default=[2, 4], help="guesses per step to sweep (default: 2 4)")
+    p.add_argument("--prompts", type=int, default=4, help="held-out prompts (default: 4)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats, best kept (default: 2)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    if min(args.k) < 1 or args.prompts < 1 or args.new_tokens < 1 or args.repeats < 1:
+        p.error("--k, --prompts, --new-tokens and --repeats must be >= 1")
+    res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"{res['path']}: plain decoding {res['baseline_tokens_per_s']:.1f} tok/s "
+          f"({res['prompts']} held-out prompts x {res['new_tokens']} tokens, {res['threads']} threads)")
+    print(f"{'method':8} {'k':>2} {'tok/s':>7} {'speedup':>8} {'predicted':>9} {'a':>5} {'len':>5} {'c':>5} {'v':>5} same")
+    for r in res["methods"]:
+        print(f"{r['method']:8} {r['num_speculative_tokens']:>2} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f}x "
+              f"{r['predicted_speedup']:8.2f}x {r['acceptance_rate']:5.2f} {r['mean_acceptance_length']:5.2f} "
+              f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
+    return 0

@@ -1,0 +1,13 @@
+"""Speculative decoding: proposers guess k tokens, the target verifies them in one forward.
+
+- ``rejection``: the exact verifier (Leviathan et al. 2023; Chen et al. 2023) and the speedup
+  formula it predicts;
+- ``ngram``: prompt lookup, a proposer with no model (Saxena 2023, vLLM's ``ngram`` method).
+"""
+from inferlab.spec.ngram import NgramProposer
+from inferlab.spec.rejection import (
+    expected_tokens_per_step, greedy_verify, predicted_speedup, recovered_probs, rejection_sample,
+)
+
+__all__ = ["NgramProposer", "expected_tokens_per_step", "greedy_verify", "predicted_speedup", "recovered_probs",
+           "rejection_sample"]
