@@ -27,11 +27,13 @@ def test_ship_keeps_the_card_and_records_the_run(tmp_path):
     draft, tok = load_checkpoint(out, device="cpu", dtype=torch.float32)
     with torch.no_grad():
         draft.model.norm.weight.mul_(1.5)
-    summary = {"before": {"draft_target_agreement": 0.47}, "after": {"draft_target_agreement": 0.5}}
+    summary = {"before": {"draft_target_agreement": 0.47, "test_ppl": 39.9},
+               "after": {"draft_target_agreement": 0.5, "test_ppl": 38.0}, "eval_tokens": None}
     ship(draft, tok, summary, out)
     assert (out / "README.md").read_text() == (ASSETS / "draft" / "README.md").read_text()
     assert (out / "tokenizer_config.json").exists()
     m = json.loads((out / "metrics.json").read_text())
     assert m["distillation"] == summary and m["draft_target_agreement_before_distillation"] == 0.47
+    assert m["draft_target_agreement"] == 0.5 and m["test_ppl"] == 38.0  # whole split: the card's figures
     again, _ = load_checkpoint(out, device="cpu", dtype=torch.float32)
     assert torch.allclose(again.model.norm.weight, draft.model.norm.weight, atol=1e-3)
