@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import torch
 
@@ -21,19 +20,24 @@ def test_loss_is_the_forward_kl_per_position():
     assert not torch.allclose(distill_loss(d, t), (q * (q.log() - p.log())).sum(-1).mean(), atol=1e-3)
 
 
-def test_ship_keeps_the_card_and_records_the_run(tmp_path):
-    out = tmp_path / "draft"
-    shutil.copytree(ASSETS / "draft", out)
-    draft, tok = load_checkpoint(out, device="cpu", dtype=torch.float32)
+def test_ship_writes_its_own_folder_and_card(tmp_path):
+    out = tmp_path / "draft_distilled"
+    draft, tok = load_checkpoint(ASSETS / "draft", device="cpu", dtype=torch.float32)
     with torch.no_grad():
         draft.model.norm.weight.mul_(1.5)
-    summary = {"before": {"draft_target_agreement": 0.47, "test_ppl": 39.9},
-               "after": {"draft_target_agreement": 0.5, "test_ppl": 38.0}, "eval_tokens": None}
+    summary = {"steps": 3, "batch_size": 2, "seq_len": 16, "tokens_seen": 96, "lr": 1e-3, "seed": 0,
+               "before": {"draft_target_agreement": 0.47, "test_ppl": 39.9, "tokens": 100},
+               "after": {"draft_target_agreement": 0.5, "test_ppl": 38.0, "tokens": 100}, "eval_tokens": None}
     ship(draft, tok, summary, out)
-    assert (out / "README.md").read_text() == (ASSETS / "draft" / "README.md").read_text()
-    assert (out / "tokenizer_config.json").exists()
     m = json.loads((out / "metrics.json").read_text())
-    assert m["distillation"] == summary and m["draft_target_agreement_before_distillation"] == 0.47
+    assert m["distillation"] == summary and m["distilled_from"] == "draft"
     assert m["draft_target_agreement"] == 0.5 and m["test_ppl"] == 38.0  # whole split: the card's figures
+    card = (out / "README.md").read_text()
+    assert "47.0%" in card and "50.0%" in card
+    assert (out / "tokenizer_config.json").read_text() == (ASSETS / "draft" / "tokenizer_config.json").read_text()
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.iterdir())
     again, _ = load_checkpoint(out, device="cpu", dtype=torch.float32)
     assert torch.allclose(again.model.norm.weight, draft.model.norm.weight, atol=1e-3)
+    # a partial measurement is recorded but never becomes the card's headline figures
+    ship(draft, tok, {**summary, "eval_tokens": 50}, tmp_path / "partial")
+    assert "test_ppl" not in json.loads((tmp_path / "partial" / "metrics.json").read_text())
