@@ -1,0 +1,9 @@
+"""Serving strategies: what a deployment does around the engine rather than inside it.
+
+    semantic_cache.py  serve a stored answer to a request that means the same (embed, cosine, threshold)
+    embed.py           the cache's embedders: wordllama (offline, 256 dims) and the model's hidden states
+    questions.py       the customer-service question set and the cache's threshold sweep
+"""
+from inferlab.strategy.semantic_cache import CacheHit, SemanticCache
+
+__all__ = ["CacheHit", "SemanticCache"]
