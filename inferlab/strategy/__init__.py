@@ -3,6 +3,8 @@
     semantic_cache.py  serve a stored answer to a request that means the same (embed, cosine, threshold)
     embed.py           the cache's embedders: wordllama (offline, 256 dims) and the model's hidden states
     questions.py       the customer-service question set and the cache's threshold sweep
+    router.py          small or large model by a cheap signal; cost and quality over a threshold sweep
+    priority.py        vLLM-style request priorities on the engine; background precompute served from a cache
 """
 from inferlab.strategy.semantic_cache import CacheHit, SemanticCache
 
