@@ -94,6 +94,7 @@ class Trace:
     first_token: dict = dataclasses.field(default_factory=dict)
     finished: dict = dataclasses.field(default_factory=dict)
     outputs: dict = dataclasses.field(default_factory=dict)
+    running: list = dataclasses.field(default_factory=list)  # per tick: the request ids running after it
 
     def ttft(self, rid) -> int:
         return self.first_token[rid] - self.arrival[rid]
@@ -121,6 +122,7 @@ def run(engine, arrivals: dict[int, list[tuple]], max_ticks: int = 100_000, on_o
                 trace.outputs[out.request_id] = out
                 if on_output is not None:
                     on_output(out)
+        trace.running.append([q.request_id for q in engine.scheduler.running])
     raise RuntimeError(f"requests still running after {max_ticks} ticks: raise max_ticks")
 
 
