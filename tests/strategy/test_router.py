@@ -1,0 +1,69 @@
+"""The small/large router: its decision, the scores it is priced with (checked against transformers),
+and the sweep's accounting."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.strategy import router as R
+
+
+@pytest.fixture(scope="module")
+def pair():
+    small, tok = load_checkpoint("draft", device="cpu")
+    large, _ = load_checkpoint("target", device="cpu")
+    return small, large, tok
+
+
+@pytest.fixture(scope="module")
+def table(pair):
+    small, large, tok = pair
+    return R.score_requests(small, large, R.code_requests(tok, 12, prompt_len=24, continuation_len=16))
+
+
+def test_route_sends_easy_prompts_small():
+    assert R.route(2.0, 3.0) == "small" and R.route(3.0, 3.0) == "small" and R.route(3.5, 3.0) == "large"
+
+
+def test_requests_are_seeded_and_cut_from_the_split(pair):
+    tok = pair[2]
+    a = R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=3)
+    assert a == R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=3)
+    assert a != R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=4)
+    assert all(len(p) == 10 and len(c) == 5 for p, c in a)
+
+
+def test_scores_match_transformers(pair, table):
+    """The continuation NLL and the prompt NLL, recomputed by transformers' Llama from the same folders."""
+    transformers = pytest.importorskip("transformers")
+    small, large, tok = pair
+    reqs = R.code_requests(tok, 12, prompt_len=24, continuation_len=16)
+    x = torch.tensor([p + c for p, c in reqs])
+    for name, key in (("target", "large"), ("draft", "small")):
+        hf = transformers.LlamaForCausalLM.from_pretrained(ASSETS / name, torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(x).logits[:, :-1].float(), -1)
+        nll = -logp.gather(-1, x[:, 1:, None])[..., 0]
+        np.testing.assert_allclose(table[f"{key}_nll"], nll[:, 23:].mean(1).numpy(), rtol=1e-4)
+        np.testing.assert_allclose(table[f"{key}_prompt_nll"], nll[:, :23].mean(1).numpy(), rtol=1e-4)
+    assert (table["small_nll"].mean() > table["large_nll"].mean())        # the draft is the weaker model
+    assert 0 < table["agreement"].mean() < 1
+
+
+def test_sweep_accounting(table):
+    s = table["score"]
+    rows = R.sweep(table, [-np.inf, float(np.median(s)), np.inf], cost_small=1.0, cost_large=4.0, scoring_cost=0.2)
+    none, half, every = rows
+    assert none["small_share"] == 0 and none["cost"] == pytest.approx(1 + 0.2 / 4)
+    assert none["quality"] == 1 and none["agreement"] == 1
+    assert every["small_share"] == 1 and every["cost"] == pytest.approx((1 + 0.2) / 4)
+    assert every["ppl"] == pytest.approx(math.exp(table["small_nll"].mean()), rel=1e-6)
+    assert every["agreement"] == pytest.approx(table["agreement"].mean())
+    small = s <= np.median(s)
+    assert half["small_share"] == pytest.approx(small.mean())
+    assert half["ppl"] == pytest.approx(math.exp(np.where(small, table["small_nll"], table["large_nll"]).mean()))
+    assert none["cost"] > half["cost"] > every["cost"]
+    assert R.best_saving(rows, 0.99) is none and R.best_saving(rows, 0.0) is every
+    assert R.best_saving(rows, 2.0) is None
