@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.quant import fused
 from inferlab.quant.base import QuantLinear
 
 
@@ -35,3 +36,14 @@ class Int8Linear(QuantLinear):
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
+
+    def fused(self):
+        return fused.int8_matmul, self.qweight, self.scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On the CPU, int8 x int8 products (:func:`inferlab.quant.fused.int8_w8a8`); on a GPU the
+        compiled dequantize-inside-the-reduction product; the reference elsewhere."""
+        y = fused.w8a8_call(x, self.qweight, self.scales)
+        if y is None:
+            return super().forward(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
