@@ -25,7 +25,8 @@ import shutil
 import torch
 
 log = logging.getLogger(__name__)
-MAX_ROWS = 4  # above this many rows (prefill, large batches) dequantize-then-matmul is faster
+MAX_ROWS = 4  # decode; above this (prefill, perplexity, large batches) the reference runs, its one
+# dequantization shared by many rows, so quality numbers measured on prompts are the reference's
 _broken: list[str] = []  # the fast paths found not to work here ("compile", "w8a8"): warned once
 
 
@@ -54,7 +55,7 @@ def int8_w8a8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.T
     return torch._int_mm(xq, q.t()).float() * xs * scales.float()
 
 
-def w8a8_call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, max_rows: int = 64):
+def w8a8_call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, max_rows: int = MAX_ROWS):
     """:func:`int8_w8a8` on up to ``max_rows`` rows of a CPU tensor; None where the reference should run."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if rows == 0 or rows > max_rows or x.is_cuda or mode() == "eager" or "w8a8" in _broken:
