@@ -68,9 +68,6 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return filter_logits(logits.float(), params.temperature, params.top_k, params.top_p).softmax(-1)
 
 
-CANDIDATES = 256  # top-p without top-k first looks at this many tokens (all of them if p is not reached)
-
-
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row of ``logits`` [B, V], each row with its own params and generator.
@@ -78,26 +75,36 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     One pass for the whole batch (vLLM's and gpt-fast's sampler): per-row temperature, top-k and
     top-p are tensors, and the draw is the exponential race: with E_i ~ Exp(1) independent,
     ``argmax_i p_i / E_i`` is distributed as p, so one argmax replaces a multinomial per row.
-    Rows that filter (top-k, top-p) work on their few best candidates from one ``topk`` instead
-    of sorting the vocabulary. The noise comes from the default generator in one call, except for
-    seeded rows, which draw theirs (over the whole vocabulary, in token order) from their own
-    generator: a seeded request gives the same tokens whatever else shares its batch.
+    Nothing sorts the vocabulary: rows with a top-k work on their k best tokens from one ``topk``;
+    rows with only a top-p find the nucleus by bisecting a probability threshold. The noise comes
+    from the default generator in one call, except for seeded rows, which draw theirs (over the
+    whole vocabulary, in token order) from their own generator: a seeded request gives the same
+    tokens whatever else shares its batch.
     """
     B, V = logits.shape
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return _argmax(logits)
-    plain = [i for i in rows if not 0 < params[i].top_k < V and params[i].top_p >= 1.0]
-    filtered = [i for i in rows if 0 < params[i].top_k < V or params[i].top_p < 1.0]
+    groups = {"plain": [], "top_k": [], "top_p": []}
+    for i in rows:
+        p = params[i]
+        groups["top_k" if 0 < p.top_k < V else "top_p" if p.top_p < 1.0 else "plain"].append(i)
     out = _argmax(logits) if len(rows) < B else torch.empty(B, dtype=torch.long, device=logits.device)
-    for group, draw in ((plain, _draw_plain), (filtered, _draw_filtered)):
-        if group:
-            sub = logits if len(group) == B else logits[group]
-            sub = sub.float() / _col([params[i].temperature for i in group], logits).clamp(min=1e-6)
-            tokens = draw(sub, [params[i] for i in group], [generators[i] for i in group])
-            if len(group) == B:
-                return tokens
-            out[group] = tokens
+    for kind, group in groups.items():
+        if not group:
+            continue
+        sub = logits if len(group) == B else logits[group]
+        sub = sub.float() / _col([params[i].temperature for i in group], logits).clamp(min=1e-6)
+        gens = [generators[i] for i in group]
+        if kind == "top_k":
+            probs, idx = top_k_probs(sub, [params[i] for i in group])
+            tokens = idx.gather(1, _argmax(probs / _noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
+        else:
+            probs = sub.softmax(-1) if kind == "plain" else top_p_probs(sub, [params[i].top_p for i in group])
+            tokens = _argmax(probs / _noise(probs.shape, sub, gens))
+        if len(group) == B:
+            return tokens
+        out[group] = tokens
     return out
 
 
@@ -120,47 +127,47 @@ def _noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = N
     return noise.clamp_(min=1e-20)
 
 
-def _draw_plain(logits: torch.Tensor, params, generators) -> torch.Tensor:
-    return _argmax(logits.softmax(-1) / _noise(logits.shape, logits, generators))
+def top_p_probs(logits: torch.Tensor, top_p: list[float], steps: int = 24) -> torch.Tensor:
+    """Softmax of temperature-scaled ``logits`` [B, V], zero outside each row's nucleus (top-p < 1).
+
+    The nucleus is every token at least as likely as the token that crosses p in sorted order.
+    Instead of sorting, bisect the threshold t: the mass of {probs >= t} falls as t rises, and the
+    nucleus threshold is the largest t whose mass still reaches p. ``steps`` halvings bring t within
+    pmax / 2^steps of it; the smallest probability above the final bound is then the threshold itself.
+    Tokens tied with the crossing token all stay (a sort would keep an arbitrary part of the tie)."""
+    probs = logits.softmax(-1)
+    p = _col(top_p, logits)
+    pmax = probs.amax(-1, keepdim=True)
+    zero = torch.zeros((), device=probs.device)
+
+    def mass(t):
+        return torch.where(probs >= t, probs, zero).sum(-1, keepdim=True)
+    lo, hi = torch.zeros_like(pmax), pmax
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        ok = mass(mid) >= p
+        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+    t = torch.where(probs >= lo, probs, torch.full((), float("inf"), device=probs.device)).amin(-1, keepdim=True)
+    t = torch.where(mass(pmax) >= p, pmax, t)
+    return probs.masked_fill(probs < t, 0)
 
 
-def _draw_filtered(logits: torch.Tensor, params, generators) -> torch.Tensor:
-    probs, idx = candidate_probs(logits, params)
-    choice = _argmax(probs / _noise(probs.shape, logits, generators, idx))
-    return idx.gather(1, choice[:, None])[:, 0]
-
-
-def candidate_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
-    """For temperature-scaled ``logits`` [B, V]: (probabilities [B, K], token ids [B, K]) of each row's
-    best K tokens after its top-k and top-p, unnormalised; zero where filtered out. Scattered back to
-    the vocabulary and normalised, row i is ``probs_from_logits`` of row i (up to rounding)."""
+def top_k_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For temperature-scaled ``logits`` [B, V] whose rows all have a top-k: (probabilities [B, K],
+    token ids [B, K]) of each row's K best tokens after its top-k and then its top-p, unnormalised,
+    zero where filtered out (K: the largest top-k, plus one to see a tie at the edge)."""
     V = logits.shape[-1]
-    ks = [p.top_k if 0 < p.top_k < V else V for p in params]
-    K = max(k for k in ks if k < V) if min(ks) < V else 0
-    if max(ks) == V:  # some row has top-p only: look at CANDIDATES tokens first
-        K = max(K, min(CANDIDATES, V))
-    K = min(K + 1, V)  # one more: a tie at the k-th value past the candidates must be seen
+    ks = [p.top_k for p in params]
+    K = min(max(ks) + 1, V)
     vals, idx = torch.topk(logits, K, dim=-1)
-    k = torch.tensor(ks, device=logits.device)
-    kth = vals.gather(1, (k.clamp(max=K) - 1)[:, None])
-    has_k = (k < V)[:, None]
-    # top-p is measured on the distribution after top-k: over the kept set where there is a top-k,
-    # over the whole vocabulary where there is none
-    lse = torch.where(has_k, vals.masked_fill(vals < kth, float("-inf")).logsumexp(-1, keepdim=True),
-                      logits.logsumexp(-1, keepdim=True))
-    vals = vals.masked_fill(has_k & (vals < kth), float("-inf"))
-    probs = (vals - lse).exp()
+    k = torch.tensor(ks, device=logits.device)[:, None]
+    kth = vals.gather(1, k - 1)
+    if (kth == vals[:, -1:]).any():  # rare: a tie at the k-th value may go on past the candidates
+        vals, idx = torch.sort(logits, dim=-1, descending=True)
+        kth = vals.gather(1, k - 1)
+    probs = vals.masked_fill(vals < kth, float("-inf")).softmax(-1)  # top-k: ties at the k-th stay
     p = _col([q.top_p for q in params], logits)
-    cum = probs.cumsum(-1)
-    tie_at_edge = (has_k & (kth == vals[:, -1:])).any()  # the k-th value may go on past the candidates
-    if K < V and (tie_at_edge or ((~has_k) & (p < 1.0) & (cum[:, -1:] < p)).any()):
-        vals, idx = torch.sort(logits, dim=-1, descending=True)  # rare: the candidates do not suffice
-        probs = torch.softmax(logits, -1).gather(1, idx)
-        kth = vals.gather(1, (k - 1)[:, None])
-        probs = probs.masked_fill(vals < kth, 0)
-        probs = probs / probs.sum(-1, keepdim=True)
-        cum = probs.cumsum(-1)
-    drop = ((cum - probs) >= p) & (p < 1.0)  # keep the token that crosses p
+    drop = ((probs.cumsum(-1) - probs) >= p) & (p < 1.0)  # top-p on what top-k kept; keep the crossing token
     return probs.masked_fill(drop, 0), idx
 
 

@@ -188,7 +188,7 @@ def rates_of(rows, model, precision, column):
     return None
 
 
-def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 32, repeats: int = 3) -> dict:
+def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 16, repeats: int = 7) -> dict:
     """Decode at ``batch``: greedy against temperature 0.8 (+ top-p 0.95, + top-k 50), interleaved."""
     from inferlab.llm import LLM
     from inferlab.sampling import SamplingParams
@@ -211,14 +211,20 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=",".join(MODELS), help="comma-separated: embedded names, random-80m, folders")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=None, help="default 64 (16 with --sampler)")
+    p.add_argument("--repeats", type=int, default=None, help="default 3 (7 with --sampler)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--sampler", action="store_true", help="sampled vs greedy decode at batch 32 instead")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.new_tokens is None:
+        args.new_tokens = 16 if args.sampler else 64
+    if args.repeats is None:
+        args.repeats = 7 if args.sampler else 3
     if args.new_tokens < 1 or args.repeats < 1:
         p.error("--new-tokens and --repeats must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.sampler:
         r = sampler_cost(args.model.split(",")[0] if args.model != ",".join(MODELS) else "draft",
                          new_tokens=args.new_tokens, repeats=args.repeats)
