@@ -148,7 +148,6 @@ def top_p_probs(logits: torch.Tensor, top_p: list[float], steps: int = 24) -> to
         ok = mass(mid) >= p
         lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
     t = torch.where(probs >= lo, probs, torch.full((), float("inf"), device=probs.device)).amin(-1, keepdim=True)
-    t = torch.where(mass(pmax) >= p, pmax, t)
     return probs.masked_fill(probs < t, 0)
 
 

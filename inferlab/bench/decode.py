@@ -5,9 +5,10 @@ and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: i
 (``LLM.generate``: scheduler, paged KV cache), its contiguous-cache reference path
 (``inferlab.generate``), transformers ``generate`` (fp32/fp16), and llama.cpp on a GGUF of the
 same weights when ``llama-cpp-python`` is installed (one thread, as this process by default).
-Every run decodes the same prompt for ``--new-tokens`` tokens (EOS ignored); the runs of one model
-are interleaved, round-robin, and each keeps its best of ``--repeats`` (after a warm-up that also
-compiles the quantized kernels): a shared machine makes absolute times noisy, ratios less so.
+Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
+rate is the difference (prefill excluded: a quantized prompt dequantizes its weights). The runs of
+one model are interleaved, round-robin, each keeping its best of ``--repeats`` (after a warm-up that
+also compiles the quantized kernels): a shared machine makes absolute times noisy, ratios less so.
 ``bandwidth_fraction``: bytes read per token x tokens/s over the copy bandwidth notebook 00 measures.
 ``--sampler``: the cost of a sampled step against a greedy one at batch 32.
 """
@@ -38,34 +39,41 @@ GOALS = [  # (model, what, ratio key, threshold)
 ]
 
 
-def best_rates(runs: dict, new_tokens: int, repeats: int) -> dict:
-    """Tokens/s of each ``runs[name]()`` (one generate of ``new_tokens``): one warm-up each, then
-    ``repeats`` rounds in turn, best of each. The one timing code of ``bench decode`` and ``bench quant``."""
-    for fn in runs.values():
-        fn()
-    best = dict.fromkeys(runs, 0.0)
+def best_rates(runs: dict, new_tokens: int, repeats: int, decode_only: bool = True) -> dict:
+    """Tokens/s of each ``runs[name](n)`` (one generate of n new tokens): one warm-up each, then
+    ``repeats`` rounds in turn, best time of each. ``decode_only``: each round also times n = 1
+    (prefill and one token), and the rate is (new_tokens - 1) / (best t(new_tokens) - best t(1)),
+    so a slow prefill (quantized prompts dequantize their weights) does not hide the decode speed.
+    The one timing code of ``bench decode`` and ``bench quant``."""
+    decode_only = decode_only and new_tokens > 1
+    sizes = (new_tokens, 1) if decode_only else (new_tokens,)
+    best = {(name, n): float("inf") for name in runs for n in sizes}
+    for name, fn in runs.items():
+        fn(new_tokens)
     for _ in range(repeats):
-        for name, fn in runs.items():
+        for (name, n) in best:
             t = time.perf_counter()
-            fn()
-            best[name] = max(best[name], new_tokens / (time.perf_counter() - t))
-    return best
+            runs[name](n)
+            best[name, n] = min(best[name, n], time.perf_counter() - t)
+    if not decode_only:
+        return {name: new_tokens / best[name, new_tokens] for name in runs}
+    return {name: (new_tokens - 1) / max(best[name, new_tokens] - best[name, 1], 1e-9) for name in runs}
 
 
-def engine_run(llm, ids: list[int], new_tokens: int):
-    """One batch-1 greedy generate of exactly ``new_tokens`` through the engine, as a callable."""
+def engine_run(llm, ids: list[int]):
+    """A callable: one batch-1 greedy generate of exactly n new tokens through the engine."""
     from inferlab.sampling import SamplingParams
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
-    def run():
+    def run(n: int):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         out = llm.generate(prompt_token_ids=[ids], sampling_params=params)
-        assert len(out[0].outputs[0].token_ids) == new_tokens
+        assert len(out[0].outputs[0].token_ids) == n
     return run
 
 
 def decode_tokens_per_s(llm, ids: list[int], new_tokens: int, repeats: int) -> float:
     """Batch-1 greedy decode rate of ``llm`` (``bench quant``'s speed column)."""
-    return best_rates({"engine": engine_run(llm, ids, new_tokens)}, new_tokens, repeats)["engine"]
+    return best_rates({"engine": engine_run(llm, ids)}, new_tokens, repeats)["engine"]
 
 
 def _variant(model: str, precision: str):
@@ -78,12 +86,12 @@ def _variant(model: str, precision: str):
 def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp: str) -> dict:
     from inferlab.generate import generate
     from inferlab.sampling import SamplingParams
-    runs = {"engine": engine_run(llm, ids, new_tokens)}
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    runs = {"engine": engine_run(llm, ids)}
 
-    def contiguous():
+    def contiguous(n: int):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         seq = generate(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer)[0]
-        assert len(seq.output_token_ids) == new_tokens
+        assert len(seq.output_token_ids) == n
     runs["contiguous"] = contiguous
     if precision in ("fp32", "fp16"):
         runs["transformers"] = _hf_run(model, llm, ids, new_tokens)
@@ -99,10 +107,10 @@ def _hf_run(model: str, llm, ids, new_tokens):
     x = torch.tensor([ids])
     pad = llm.eos_token_ids[0] if llm.eos_token_ids else 0
 
-    def run():
+    def run(n: int):
         with torch.inference_mode():
-            out = hf.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
-        assert out.shape[1] - x.shape[1] == new_tokens
+            out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+        assert out.shape[1] - x.shape[1] == n
     return run
 
 
@@ -167,8 +175,12 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
     for model, what, (p1, c1, p2, c2), need in GOALS:
         a, b = rates_of(rows, model, p1, c1), rates_of(rows, model, p2, c2)
         ratio = None if a is None or b is None else a / b
+        why = None
+        if ratio is None:
+            why = ("llama-cpp-python is not installed" if "llama.cpp" in (c1, c2) and importlib.util.find_spec(
+                "llama_cpp") is None else "not measured in this run (--model/--precisions)")
         goals.append({"model": model, "goal": what, "ratio": None if ratio is None else round(ratio, 2),
-                      "met": None if ratio is None else ratio >= need})
+                      "met": None if ratio is None else ratio >= need, "why_not_measured": why})
     out = {"threads": torch.get_num_threads(), "new_tokens": new_tokens, "repeats": repeats,
            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "rows": rows, "goals": goals}
     first = next((r for r in rows if r["precision"] == "fp32" and "skipped" not in r), None)
@@ -199,8 +211,8 @@ def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 16, re
 
     def make(kw):
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **kw)
-        return lambda: llm.generate(prompt_token_ids=prompts, sampling_params=params)
-    rates = best_rates({k: make(kw) for k, kw in settings.items()}, new_tokens * batch, repeats)
+        return lambda n: llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    rates = best_rates({k: make(kw) for k, kw in settings.items()}, new_tokens * batch, repeats, decode_only=False)
     return {"model": model, "batch": batch, "new_tokens": new_tokens,
             "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
             "cost_vs_greedy": {k: round(rates["greedy"] / v, 2) for k, v in rates.items() if k != "greedy"},
@@ -252,6 +264,6 @@ def main(argv: list[str]) -> int:
         label = row["model"] + (" (random)" if row["random_weights"] and row["precision"] == "fp32" else "")
         print(f"{label:<12}{row['precision']:<6}{row['weight_mb']:>7}{cells}{row['bandwidth_fraction']:>8.0%}")
     for g in r["goals"]:
-        state = "n/a (llama-cpp-python not installed)" if g["met"] is None else ("met" if g["met"] else "missed")
+        state = f"n/a ({g['why_not_measured']})" if g["met"] is None else ("met" if g["met"] else "missed")
         print(f"goal {g['model']}: {g['goal']}: {g['ratio'] if g['ratio'] is not None else '-'} {state}")
     return 0
