@@ -145,7 +145,7 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
         torch.set_num_threads(threads)
     if bandwidth is None:
         from inferlab.roofline import measure_this_machine
-        bandwidth = measure_this_machine(size=256, copy_mb=64, repeats=3, min_time_s=0.1).mem_bandwidth
+        bandwidth = measure_this_machine(size=256).mem_bandwidth  # notebook 00's copy bandwidth
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
@@ -255,14 +255,14 @@ def main(argv: list[str]) -> int:
     print(f"batch-1 greedy decode, {r['new_tokens']} new tokens, {r['threads']} thread(s), best of {r['repeats']}, "
           f"copy bandwidth {r['memory_bandwidth_gb_s']} GB/s (shared machine: compare ratios)")
     cols = ["engine", "contiguous", "transformers", "llama.cpp"]
-    print(f"{'model':<12}{'prec':<6}{'MB':>7}" + "".join(f"{c:>14}" for c in cols) + f"{'of BW':>8}")
+    print(f"{'model':<20}{'prec':<6}{'MB':>7}" + "".join(f"{c:>14}" for c in cols) + f"{'of BW':>8}")
     for row in r["rows"]:
         if "skipped" in row:
-            print(f"{row['model']:<12}{row['precision']:<6} skipped: {row['skipped']}")
+            print(f"{row['model']:<20}{row['precision']:<6} skipped: {row['skipped']}")
             continue
         cells = "".join(f"{row.get(c + '_tokens_per_s', '-'):>14}" for c in cols)
         label = row["model"] + (" (random)" if row["random_weights"] and row["precision"] == "fp32" else "")
-        print(f"{label:<12}{row['precision']:<6}{row['weight_mb']:>7}{cells}{row['bandwidth_fraction']:>8.0%}")
+        print(f"{label:<20}{row['precision']:<6}{row['weight_mb']:>7}{cells}{row['bandwidth_fraction']:>8.0%}")
     for g in r["goals"]:
         state = f"n/a ({g['why_not_measured']})" if g["met"] is None else ("met" if g["met"] else "missed")
         print(f"goal {g['model']}: {g['goal']}: {g['ratio'] if g['ratio'] is not None else '-'} {state}")
