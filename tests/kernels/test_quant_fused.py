@@ -83,3 +83,14 @@ def test_eager_mode_and_missing_compiler_fall_back_to_the_reference(linear, monk
             assert torch.equal(mod(x), ref)
     warnings = [r for r in caplog.records if "fall back" in r.getMessage()]
     assert len(warnings) == 1 and "C++ compiler" in warnings[0].getMessage()
+
+
+def test_int8_follows_scales_changed_in_place(linear):
+    mod = Int8Linear.from_float(linear)
+    x = torch.randn(1, 256)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            before = mod(x) - mod.bias
+            mod.scales.mul_(2)
+            torch.testing.assert_close(mod(x) - mod.bias, 2 * before)
+            mod.scales.div_(2)
