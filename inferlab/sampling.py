@@ -75,11 +75,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     One pass for the whole batch (vLLM's and gpt-fast's sampler): per-row temperature, top-k and
     top-p are tensors, and the draw is the exponential race: with E_i ~ Exp(1) independent,
     ``argmax_i p_i / E_i`` is distributed as p, so one argmax replaces a multinomial per row.
-    Nothing sorts the vocabulary: rows with a top-k work on their k best tokens from one ``topk``
-    and draw by the race; rows with only a top-p find the nucleus by bisecting a probability
-    threshold, and they and unfiltered rows draw by :func:`inverse_cdf` (one random number per row
-    instead of one per token). Random numbers come from the default generator in one call, except
-    for seeded rows, which draw theirs from their own generator: a seeded request gives the same
+    Nothing sorts the vocabulary: rows with a top-k work on their k best tokens from one ``topk``;
+    rows with only a top-p find the nucleus by bisecting a probability threshold. The noise comes
+    from the default generator in one call, except for seeded rows, which draw theirs (over the
+    whole vocabulary, in token order) from their own generator: a seeded request gives the same
     tokens whatever else shares its batch.
     """
     B, V = logits.shape
@@ -102,7 +101,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             tokens = idx.gather(1, _argmax(probs / _noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
         else:
             probs = sub.softmax(-1) if kind == "plain" else top_p_probs(sub, [params[i].top_p for i in group])
-            tokens = inverse_cdf(probs, gens)
+            tokens = _argmax(probs / _noise(probs.shape, sub, gens))
         if len(group) == B:
             return tokens
         out[group] = tokens
@@ -126,21 +125,6 @@ def _noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = N
             row = torch.rand(like.shape[-1], device=like.device, generator=g).log_().neg_()
             noise[j] = row if index is None else row[index[j]]
     return noise.clamp_(min=1e-20)
-
-
-def inverse_cdf(probs: torch.Tensor, generators) -> torch.Tensor:
-    """One draw per row of ``probs`` [B, V] (unnormalised, >= 0) from one uniform number per row:
-    the first token whose running sum passes u x total. Over the whole vocabulary this is several
-    times cheaper on a CPU than the exponential race, which needs V random numbers per row."""
-    cum = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device)
-    for j, g in enumerate(generators):
-        if g is not None:
-            u[j] = torch.rand(1, device=probs.device, generator=g)
-    idx = torch.searchsorted(cum, u * cum[:, -1:], right=True)  # right: never a zero-probability token
-    # u x total can round up to total (probability ~2^-24): then take the last token with probability
-    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1, keepdim=True)
-    return torch.minimum(idx, last)[:, 0]
 
 
 def top_p_probs(logits: torch.Tensor, top_p: list[float], steps: int = 24) -> torch.Tensor:
