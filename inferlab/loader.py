@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from inferlab import moe
+from inferlab import moe, random_model
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
@@ -40,6 +40,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         if not (path / "config.json").exists():
             raise CheckpointError(f"embedded model {text!r} is not built yet: run `inferlab train`")
         return path
+    if text in random_model.SHAPES:  # a random-weight model for timing, built on first use
+        return random_model.random_model_path(text)
     path = Path(text).expanduser()
     if path.is_dir():
         return path

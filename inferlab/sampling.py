@@ -70,16 +70,104 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row of ``logits`` [B, V], each row with its own params and generator."""
-    if all(p.greedy for p in params):
-        return logits.argmax(-1)
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for i, (p, g) in enumerate(zip(params, generators)):
-        if p.greedy:
-            out[i] = logits[i].argmax()
+    """One token per row of ``logits`` [B, V], each row with its own params and generator.
+
+    One pass for the whole batch (vLLM's and gpt-fast's sampler): per-row temperature, top-k and
+    top-p are tensors, and the draw is the exponential race: with E_i ~ Exp(1) independent,
+    ``argmax_i p_i / E_i`` is distributed as p, so one argmax replaces a multinomial per row.
+    Nothing sorts the vocabulary: rows with a top-k work on their k best tokens from one ``topk``;
+    rows with only a top-p find the nucleus by bisecting a probability threshold. The noise comes
+    from the default generator in one call, except for seeded rows, which draw theirs (over the
+    whole vocabulary, in token order) from their own generator: a seeded request gives the same
+    tokens whatever else shares its batch.
+    """
+    B, V = logits.shape
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return _argmax(logits)
+    groups = {"plain": [], "top_k": [], "top_p": []}
+    for i in rows:
+        p = params[i]
+        groups["top_k" if 0 < p.top_k < V else "top_p" if p.top_p < 1.0 else "plain"].append(i)
+    out = _argmax(logits) if len(rows) < B else torch.empty(B, dtype=torch.long, device=logits.device)
+    for kind, group in groups.items():
+        if not group:
+            continue
+        sub = logits if len(group) == B else logits[group]
+        sub = sub.float() / _col([params[i].temperature for i in group], logits).clamp(min=1e-6)
+        gens = [generators[i] for i in group]
+        if kind == "top_k":
+            probs, idx = top_k_probs(sub, [params[i] for i in group])
+            tokens = idx.gather(1, _argmax(probs / _noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
         else:
-            out[i] = torch.multinomial(probs_from_logits(logits[i], p), 1, generator=g)[0]
+            probs = sub.softmax(-1) if kind == "plain" else top_p_probs(sub, [params[i].top_p for i in group])
+            tokens = _argmax(probs / _noise(probs.shape, sub, gens))
+        if len(group) == B:
+            return tokens
+        out[group] = tokens
     return out
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    return x.max(-1).indices  # the same index as argmax (the first maximum), several times faster on a CPU
+
+
+def _col(values, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, device=like.device)[:, None]
+
+
+def _noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Exp(1) noise [B, n] as -log(U) (several times faster than ``exponential_`` on a CPU); seeded rows
+    draw a vocabulary-wide row from their own generator, gathered by ``index``."""
+    noise = torch.rand(shape, device=like.device).log_().neg_()
+    for j, g in enumerate(generators):
+        if g is not None:
+            row = torch.rand(like.shape[-1], device=like.device, generator=g).log_().neg_()
+            noise[j] = row if index is None else row[index[j]]
+    return noise.clamp_(min=1e-20)
+
+
+def top_p_probs(logits: torch.Tensor, top_p: list[float], steps: int = 24) -> torch.Tensor:
+    """Softmax of temperature-scaled ``logits`` [B, V], zero outside each row's nucleus (top-p < 1).
+
+    The nucleus is every token at least as likely as the token that crosses p in sorted order.
+    Instead of sorting, bisect the threshold t: the mass of {probs >= t} falls as t rises, and the
+    nucleus threshold is the largest t whose mass still reaches p. ``steps`` halvings bring t within
+    pmax / 2^steps of it; the smallest probability above the final bound is then the threshold itself.
+    Tokens tied with the crossing token all stay (a sort would keep an arbitrary part of the tie)."""
+    probs = logits.softmax(-1)
+    p = _col(top_p, logits)
+    pmax = probs.amax(-1, keepdim=True)
+    zero = torch.zeros((), device=probs.device)
+
+    def mass(t):
+        return torch.where(probs >= t, probs, zero).sum(-1, keepdim=True)
+    lo, hi = torch.zeros_like(pmax), pmax
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        ok = mass(mid) >= p
+        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
+    t = torch.where(probs >= lo, probs, torch.full((), float("inf"), device=probs.device)).amin(-1, keepdim=True)
+    return probs.masked_fill(probs < t, 0)
+
+
+def top_k_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For temperature-scaled ``logits`` [B, V] whose rows all have a top-k: (probabilities [B, K],
+    token ids [B, K]) of each row's K best tokens after its top-k and then its top-p, unnormalised,
+    zero where filtered out (K: the largest top-k, plus one to see a tie at the edge)."""
+    V = logits.shape[-1]
+    ks = [p.top_k for p in params]
+    K = min(max(ks) + 1, V)
+    vals, idx = torch.topk(logits, K, dim=-1)
+    k = torch.tensor(ks, device=logits.device)[:, None]
+    kth = vals.gather(1, k - 1)
+    if (kth == vals[:, -1:]).any():  # rare: a tie at the k-th value may go on past the candidates
+        vals, idx = torch.sort(logits, dim=-1, descending=True)
+        kth = vals.gather(1, k - 1)
+    probs = vals.masked_fill(vals < kth, float("-inf")).softmax(-1)  # top-k: ties at the k-th stay
+    p = _col([q.top_p for q in params], logits)
+    drop = ((probs.cumsum(-1) - probs) >= p) & (p < 1.0)  # top-p on what top-k kept; keep the crossing token
+    return probs.masked_fill(drop, 0), idx
 
 
 def make_generator(seed: int | None, device) -> torch.Generator | None:

@@ -1,92 +1,269 @@
-"""Single-stream greedy decode: inferlab against transformers ``generate`` on one checkpoint.
+"""Batch-1 greedy decode, every engine and precision side by side, with the issue's goals checked.
 
-All run the same prompt for the same number of new tokens (EOS ignored), after a warm-up,
-alternating, best of ``--repeats``: inferlab's engine (``LLM.generate``: scheduler, paged KV
-cache), its contiguous-cache reference path (``inferlab.generate``) and transformers. Reported:
-new tokens per second of the whole generate call (prefill included) and the ratios.
+For each model (``target``, and ``random-80m``: random weights of realistic shape, timed only)
+and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: inferlab's engine
+(``LLM.generate``: scheduler, paged KV cache), its contiguous-cache reference path
+(``inferlab.generate``), transformers ``generate`` (fp32/fp16), and llama.cpp on a GGUF of the
+same weights when ``llama-cpp-python`` is installed (one thread, as this process by default).
+Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
+rate is the difference (prefill excluded: a quantized prompt dequantizes its weights). The runs of
+one model are interleaved, round-robin, each keeping its best of ``--repeats`` (after a warm-up that
+also compiles the quantized kernels): a shared machine makes absolute times noisy, ratios less so.
+``bandwidth_fraction``: bytes read per token x tokens/s over the copy bandwidth notebook 00 measures.
+``--sampler``: the cost of a sampled step against a greedy one at batch 32.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import tempfile
 import time
 
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.generate import generate
-from inferlab.llm import LLM
-from inferlab.loader import resolve_model_path
-from inferlab.sampling import SamplingParams
+from inferlab.quant.base import QuantizationError
 
 PROMPT = "def fibonacci(n):\n    "
+MODELS = ("target", "random-80m")
+PRECISIONS = ("fp32", "fp16", "int8", "int4", "q8_0", "q4_k")
+GOALS = [  # (model, what, ratio key, threshold)
+    ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
+    ("random-80m", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
+    ("random-80m", "int8 >= 0.8x llama.cpp Q8_0", ("int8", "engine", "q8_0", "llama.cpp"), 0.8),
+    ("random-80m", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
+    ("target", "fp32 >= 0.5x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.5),
+    ("target", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),
+    ("random-80m", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),
+]
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def best_rates(runs: dict, new_tokens: int, repeats: int, decode_only: bool = True) -> dict:
+    """Tokens/s of each ``runs[name](n)`` (one generate of n new tokens): one warm-up each, then
+    ``repeats`` rounds in turn, best time of each. ``decode_only``: each round also times n = 1
+    (prefill and one token), and the rate is (new_tokens - 1) / (best t(new_tokens) - best t(1)),
+    so a slow prefill (quantized prompts dequantize their weights) does not hide the decode speed.
+    The one timing code of ``bench decode`` and ``bench quant``."""
+    decode_only = decode_only and new_tokens > 1
+    sizes = (new_tokens, 1) if decode_only else (new_tokens,)
+    best = {(name, n): float("inf") for name in runs for n in sizes}
+    for name, fn in runs.items():
+        fn(new_tokens)
+    for _ in range(repeats):
+        for (name, n) in best:
+            t = time.perf_counter()
+            runs[name](n)
+            best[name, n] = min(best[name, n], time.perf_counter() - t)
+    if not decode_only:
+        return {name: new_tokens / best[name, new_tokens] for name in runs}
+    return {name: (new_tokens - 1) / max(best[name, new_tokens] - best[name, 1], 1e-9) for name in runs}
 
 
-def run(model: str = "target", new_tokens: int = 128, repeats: int = 3, device: str | None = None) -> dict:
-    try:
-        import transformers
-    except ImportError:
-        raise InferlabError("the decode benchmark compares against transformers: pip install transformers") from None
-    llm = LLM(model=model, device=device)
-    folder = resolve_model_path(model)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=llm.model.dtype).to(llm.model.device).eval()
-    ids = llm.encode(PROMPT) if llm.tokenizer else [1, 2, 3, 4, 5]
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    hf_ids = torch.tensor([ids], device=llm.model.device)
+def engine_run(llm, ids: list[int]):
+    """A callable: one batch-1 greedy generate of exactly n new tokens through the engine."""
+    from inferlab.sampling import SamplingParams
+
+    def run(n: int):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        out = llm.generate(prompt_token_ids=[ids], sampling_params=params)
+        assert len(out[0].outputs[0].token_ids) == n
+    return run
+
+
+def decode_tokens_per_s(llm, ids: list[int], new_tokens: int, repeats: int) -> float:
+    """Batch-1 greedy decode rate of ``llm`` (``bench quant``'s speed column)."""
+    return best_rates({"engine": engine_run(llm, ids)}, new_tokens, repeats)["engine"]
+
+
+def _variant(model: str, precision: str):
+    from inferlab.llm import LLM
+    if precision in ("fp32", "fp16"):
+        return LLM(model=model, device="cpu", dtype={"fp32": "float32", "fp16": "float16"}[precision], max_num_seqs=1)
+    return LLM(model=model, device="cpu", dtype="float32", quantization=precision, max_num_seqs=1)
+
+
+def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp: str) -> dict:
+    from inferlab.generate import generate
+    from inferlab.sampling import SamplingParams
+    runs = {"engine": engine_run(llm, ids)}
+
+    def contiguous(n: int):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        seq = generate(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer)[0]
+        assert len(seq.output_token_ids) == n
+    runs["contiguous"] = contiguous
+    if precision in ("fp32", "fp16"):
+        runs["transformers"] = _hf_run(model, llm, ids, new_tokens)
+    if precision in ("fp32", "q8_0", "q4_k") and importlib.util.find_spec("llama_cpp") is not None:
+        runs["llama.cpp"] = _llama_cpp_run(llm, precision, ids, new_tokens, tmp)
+    return runs
+
+
+def _hf_run(model: str, llm, ids, new_tokens):
+    import transformers
+    from inferlab.loader import resolve_model_path
+    hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=llm.model.dtype).eval()
+    x = torch.tensor([ids])
     pad = llm.eos_token_ids[0] if llm.eos_token_ids else 0
 
-    def ours():
-        out = llm.generate(prompt_token_ids=[ids], sampling_params=params)
-        assert len(out[0].outputs[0].token_ids) == new_tokens
-
-    def theirs():
+    def run(n: int):
         with torch.inference_mode():
-            out = hf.generate(hf_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, pad_token_id=pad)
-        assert out.shape[1] - hf_ids.shape[1] == new_tokens
+            out = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=pad)
+        assert out.shape[1] - x.shape[1] == n
+    return run
 
-    def contiguous():
-        seq = generate(llm.model, [ids], [params], llm.eos_token_ids, llm.tokenizer)[0]
-        assert len(seq.output_token_ids) == new_tokens
 
-    ours(), theirs(), contiguous()  # warm-up
-    t_ours, t_hf, t_ref = float("inf"), float("inf"), float("inf")
-    for _ in range(repeats):
-        t_ours = min(t_ours, _timed(ours))
-        t_hf = min(t_hf, _timed(theirs))
-        t_ref = min(t_ref, _timed(contiguous))
-    return {"model": str(model), "params": llm.model.num_parameters(), "device": str(llm.model.device),
-            "dtype": str(llm.model.dtype).removeprefix("torch."), "prompt_tokens": len(ids),
-            "new_tokens": new_tokens, "inferlab_tokens_per_s": new_tokens / t_ours,
-            "hf_tokens_per_s": new_tokens / t_hf, "ratio": t_hf / t_ours,
-            "contiguous_tokens_per_s": new_tokens / t_ref, "engine_vs_contiguous": t_ref / t_ours}
+def _llama_cpp_run(llm, precision, ids, new_tokens, tmp):
+    """llama.cpp's own timing of a greedy decode of the same GGUF weights (one thread)."""
+    from inferlab.quant import llama_cpp_runner
+    from inferlab.quant.gguf_export import write_gguf
+    path = write_gguf(llm.model, llm.tokenizer, f"{tmp}/{precision}", "f32" if precision == "fp32" else precision)
+
+    return lambda: llama_cpp_runner.run(path, ids, new_tokens)["tokens_per_s"]  # it times its own decode
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes a decode step reads from weights: every parameter and buffer, the (tied) embedding once."""
+    seen, total = set(), 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm")):
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int = 3, threads: int | None = None,
+        bandwidth: float | None = None) -> dict:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise InferlabError("the decode benchmark compares against transformers: pip install transformers") from None
+    from inferlab import random_model
+    if threads:
+        torch.set_num_threads(threads)
+    if bandwidth is None:
+        from inferlab.roofline import measure_this_machine
+        bandwidth = measure_this_machine(size=256).mem_bandwidth  # notebook 00's copy bandwidth
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            llms, runs = {}, {}
+            for p in precisions:
+                try:
+                    llms[p] = _variant(model, p)
+                except QuantizationError as exc:  # e.g. a block size that does not divide a tiny model
+                    rows.append({"model": model, "precision": p, "skipped": str(exc)})
+                    continue
+                ids = llms[p].encode(PROMPT)
+                for col, fn in _runs(model, p, llms[p], ids, new_tokens, tmp).items():
+                    runs[(p, col)] = fn
+            llama = {k: runs.pop(k) for k in [k for k in runs if k[1] == "llama.cpp"]}
+            rates = best_rates(runs, new_tokens, repeats)
+            rates.update({k: max(fn() for _ in range(repeats)) for k, fn in llama.items()})
+            for p in llms:
+                nbytes = weight_bytes_per_token(llms[p].model)
+                row = {"model": model, "random_weights": random_model.is_random_model(model),
+                       "params": llms[p].model.num_parameters(), "precision": p, "weight_mb": round(nbytes / 2**20, 1)}
+                for (q, col), r in rates.items():
+                    if q == p:
+                        row[f"{col}_tokens_per_s"] = round(r, 1)
+                row["bandwidth_fraction"] = round(row["engine_tokens_per_s"] * nbytes / bandwidth, 3)
+                rows.append(row)
+    goals = []
+    for model, what, (p1, c1, p2, c2), need in GOALS:
+        a, b = rates_of(rows, model, p1, c1), rates_of(rows, model, p2, c2)
+        ratio = None if a is None or b is None else a / b
+        why = None
+        if ratio is None:
+            why = ("llama-cpp-python is not installed" if "llama.cpp" in (c1, c2) and importlib.util.find_spec(
+                "llama_cpp") is None else "not measured in this run (--model/--precisions)")
+        goals.append({"model": model, "goal": what, "ratio": None if ratio is None else round(ratio, 2),
+                      "met": None if ratio is None else ratio >= need, "why_not_measured": why})
+    out = {"threads": torch.get_num_threads(), "new_tokens": new_tokens, "repeats": repeats,
+           "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "rows": rows, "goals": goals}
+    first = next((r for r in rows if r["precision"] == "fp32" and "skipped" not in r), None)
+    if first is not None and "transformers_tokens_per_s" in first:  # the first model's fp32 row, as before
+        out.update(model=first["model"], inferlab_tokens_per_s=first["engine_tokens_per_s"],
+                   hf_tokens_per_s=first["transformers_tokens_per_s"],
+                   ratio=round(first["engine_tokens_per_s"] / first["transformers_tokens_per_s"], 3),
+                   contiguous_tokens_per_s=first["contiguous_tokens_per_s"],
+                   engine_vs_contiguous=round(first["engine_tokens_per_s"] / first["contiguous_tokens_per_s"], 3))
+    return out
+
+
+def rates_of(rows, model, precision, column):
+    for r in rows:
+        if r["model"] == model and r["precision"] == precision and "skipped" not in r:
+            return r.get(f"{column}_tokens_per_s")
+    return None
+
+
+def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 16, repeats: int = 7) -> dict:
+    """Decode at ``batch``: greedy against temperature 0.8 (+ top-p 0.95, + top-k 50), interleaved."""
+    from inferlab.llm import LLM
+    from inferlab.sampling import SamplingParams
+    llm = LLM(model=model, device="cpu", max_num_seqs=batch)
+    prompts = [[(7 * i) % 1000 + 1, 2, 3, 4] for i in range(batch)]
+    settings = {"greedy": dict(temperature=0), "temperature": dict(temperature=0.8),
+                "top_p": dict(temperature=0.8, top_p=0.95), "top_k_top_p": dict(temperature=0.8, top_p=0.95, top_k=50)}
+
+    def make(kw):
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **kw)
+        return lambda n: llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    rates = best_rates({k: make(kw) for k, kw in settings.items()}, new_tokens * batch, repeats, decode_only=False)
+    return {"model": model, "batch": batch, "new_tokens": new_tokens,
+            "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
+            "cost_vs_greedy": {k: round(rates["greedy"] / v, 2) for k, v in rates.items() if k != "greedy"},
+            "goal": "sampled <= 1.3x greedy", "met": max(rates["greedy"] / v for v in rates.values()) <= 1.3}
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="target")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device", default=None)
+    p.add_argument("--model", default=",".join(MODELS), help="comma-separated: embedded names, random-80m, folders")
+    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--new-tokens", type=int, default=None, help="default 64 (16 with --sampler)")
+    p.add_argument("--repeats", type=int, default=None, help="default 3 (7 with --sampler)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--sampler", action="store_true", help="sampled vs greedy decode at batch 32 instead")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.new_tokens is None:
+        args.new_tokens = 16 if args.sampler else 64
+    if args.repeats is None:
+        args.repeats = 7 if args.sampler else 3
     if args.new_tokens < 1 or args.repeats < 1:
         p.error("--new-tokens and --repeats must be >= 1")
-    r = run(args.model, args.new_tokens, args.repeats, args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.sampler:
+        r = sampler_cost(args.model.split(",")[0] if args.model != ",".join(MODELS) else "draft",
+                         new_tokens=args.new_tokens, repeats=args.repeats)
+        print(json.dumps(r) if args.json else
+              f"{r['model']} batch {r['batch']}: sampled step cost vs greedy "
+              + ", ".join(f"{k} {v:.2f}x" for k, v in r["cost_vs_greedy"].items())
+              + f"  (goal <= 1.3x: {'met' if r['met'] else 'missed'})")
+        return 0
+    bad = [q for q in args.precisions.split(",") if q not in PRECISIONS]
+    if bad:
+        p.error(f"unknown precision {bad[0]!r}: choose from {', '.join(PRECISIONS)}")
+    r = run(args.model.split(","), args.precisions.split(","), args.new_tokens, args.repeats, args.threads)
     if args.json:
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}))
-    else:
-        print(f"{r['model']} ({r['params'] / 1e6:.2f}M params, {r['device']} {r['dtype']}), "
-              f"{r['new_tokens']} new tokens, greedy, batch 1")
-        print(f"{'engine':<14}{'tokens/s':>10}")
-        print(f"{'inferlab':<14}{r['inferlab_tokens_per_s']:>10.1f}")
-        print(f"{'contiguous':<14}{r['contiguous_tokens_per_s']:>10.1f}  (inferlab's reference path)")
-        print(f"{'transformers':<14}{r['hf_tokens_per_s']:>10.1f}")
-        print(f"ratio {r['ratio']:.2f}x vs transformers, {r['engine_vs_contiguous']:.2f}x vs the contiguous path")
+        print(json.dumps(r))
+        return 0
+    print(f"batch-1 greedy decode, {r['new_tokens']} new tokens, {r['threads']} thread(s), best of {r['repeats']}, "
+          f"copy bandwidth {r['memory_bandwidth_gb_s']} GB/s (shared machine: compare ratios)")
+    cols = ["engine", "contiguous", "transformers", "llama.cpp"]
+    print(f"{'model':<20}{'prec':<6}{'MB':>7}" + "".join(f"{c:>14}" for c in cols) + f"{'of BW':>8}")
+    for row in r["rows"]:
+        if "skipped" in row:
+            print(f"{row['model']:<20}{row['precision']:<6} skipped: {row['skipped']}")
+            continue
+        cells = "".join(f"{row.get(c + '_tokens_per_s', '-'):>14}" for c in cols)
+        label = row["model"] + (" (random)" if row["random_weights"] and row["precision"] == "fp32" else "")
+        print(f"{label:<20}{row['precision']:<6}{row['weight_mb']:>7}{cells}{row['bandwidth_fraction']:>8.0%}")
+    for g in r["goals"]:
+        state = f"n/a ({g['why_not_measured']})" if g["met"] is None else ("met" if g["met"] else "missed")
+        print(f"goal {g['model']}: {g['goal']}: {g['ratio'] if g['ratio'] is not None else '-'} {state}")
     return 0

@@ -50,15 +50,9 @@ def row_name(method: str, bits: int) -> str:
 
 
 def _decode_tokens_per_s(model, ids, new_tokens: int, repeats: int) -> float:
+    from inferlab.bench.decode import decode_tokens_per_s  # the one timing code, shared with bench decode
     from inferlab.llm import LLM
-    from inferlab.sampling import SamplingParams
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm = LLM.from_model(model, max_num_seqs=1)
-    best = 0.0
-    for _ in range(repeats + 1):  # the first run warms up
-        llm.generate(prompt_token_ids=[ids], sampling_params=params)
-        best = max(best, llm.last_stats["decode_tokens_per_s"])
-    return best
+    return decode_tokens_per_s(LLM.from_model(model, max_num_seqs=1), ids, new_tokens, repeats)
 
 
 def _llama_cpp_tokens_per_s(model, tok, method: str, ids, new_tokens: int) -> float | None:

@@ -52,7 +52,13 @@ class ModelRunner:
             ids += s.token_ids
             positions += range(start, end)
             table = s.block_table
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            p = start
+            while p < end:  # one run of consecutive slots per block, not one Python step per token
+                block, offset = divmod(p, bs)
+                take = min(bs - offset, end - p)
+                first = table[block] * bs + offset
+                slots += range(first, first + take)
+                p += take
             tables.append(table)
             q_lens.append(q)
             ctx_lens.append(end)

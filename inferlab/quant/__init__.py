@@ -9,6 +9,7 @@ with ``dequantize()``); ``gptq`` and ``awq`` are the calibrated methods; ``hub``
 GPTQ/AWQ hub layouts; ``checkpoint`` writes and reads quantized folders; ``gguf_export`` writes a
 .gguf file that llama.cpp runs.
 """
+from inferlab.quant import fused
 from inferlab.quant.base import QuantizationError, QuantLinear
 from inferlab.quant.checkpoint import save_quantized
 from inferlab.quant.ggml import GGMLLinear
@@ -19,5 +20,5 @@ from inferlab.quant.nf4 import NF4Linear
 from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 
 __all__ = ["METHODS", "GGMLLinear", "Int4Linear", "Int8Linear", "NF4Linear", "QuantLinear", "QuantizationError",
-           "dequantize_int4", "linear_weight_bytes", "pack_int4", "quantize_int4", "quantize_model",
+           "dequantize_int4", "fused", "linear_weight_bytes", "pack_int4", "quantize_int4", "quantize_model",
            "save_quantized", "unpack_int4"]

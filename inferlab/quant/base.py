@@ -1,9 +1,12 @@
 """What every quantized linear shares: packed buffers, ``dequantize()``, and a plain matmul.
 
-A quantized linear keeps only its packed codes and their scales; ``forward`` rebuilds the
-weight for the moment of the product (dequantize-then-matmul), so memory holds the small form.
-On a GPU a fused kernel reads the packed bytes directly (``inferlab.kernels.w4a16_matmul``);
-on a CPU this path is the reference the kernels are checked against.
+A quantized linear keeps only its packed codes and their scales. ``forward_reference`` rebuilds
+the weight for the moment of the product (dequantize-then-matmul): readable, and the reference the
+fast paths are tested against, but it writes and re-reads an fp32 weight, so it is slower than fp32.
+``forward`` runs a path that reads the packed bytes directly: for a few rows (decode), the compiled
+dequantize-inside-the-reduction products of ``inferlab.quant.fused``; on a GPU with 4-bit codes,
+the W4A16 Triton kernel (``inferlab.kernels.w4a16_matmul``). Elsewhere (prefill, many rows) it falls back
+to the reference, where the one dequantization is shared by many rows.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.errors import InferlabError
+from inferlab.quant.fused import fused_call
 
 
 class QuantizationError(InferlabError, ValueError):
@@ -35,9 +39,25 @@ class QuantLinear(nn.Module):
     def dequantize(self) -> torch.Tensor:  # [out_features, in_features], float32
         raise NotImplementedError
 
+    def fused(self):
+        """(function, buffers) of this format's product in ``inferlab.quant.fused``; None: no fast path."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.prepare_input(x)
+        spec = self.fused()
+        y = None if spec is None else fused_call(spec[0], x, *spec[1:])
+        if y is None:
+            return self._reference(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize-then-matmul: what every fast path must match."""
+        return self._reference(self.prepare_input(x))
+
+    def _reference(self, x: torch.Tensor) -> torch.Tensor:
         w = self.dequantize().to(x.dtype)
-        return F.linear(self.prepare_input(x), w, None if self.bias is None else self.bias.to(x.dtype))
+        return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         return x

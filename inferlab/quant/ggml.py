@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.quant import fused
 from inferlab.quant.base import QuantizationError, QuantLinear
 
 BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144)}  # values per block, bytes per block
@@ -145,6 +146,7 @@ def dequantize_q4_k(b: torch.Tensor) -> torch.Tensor:
 
 QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k}
 DEQUANTIZE = {"q8_0": dequantize_q8_0, "q4_0": dequantize_q4_0, "q4_k": dequantize_q4_k}
+FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_k": fused.q4_k_matmul}
 
 
 class GGMLLinear(QuantLinear):
@@ -172,3 +174,6 @@ class GGMLLinear(QuantLinear):
 
     def dequantize(self) -> torch.Tensor:
         return DEQUANTIZE[self.ggml_type](self.qweight).view(self.out_features, self.in_features)
+
+    def fused(self):
+        return FUSED[self.ggml_type], self.qweight

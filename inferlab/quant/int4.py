@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.quant import fused
 from inferlab.quant.base import QuantizationError, QuantLinear, check_divides
 
 
@@ -109,9 +110,13 @@ class Int4Linear(QuantLinear):
     def prepare_input(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.perm is None else x.index_select(-1, self.perm)
 
+    def fused(self):
+        return fused.int4_matmul, self.qweight, self.scales, self.zeros, self.group_size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
-        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU, dequantize then matmul."""
+        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU, the compiled product of
+        ``inferlab.quant.fused`` for decode, dequantize-then-matmul for prefill."""
         if not x.is_cuda:
             return super().forward(x)
         from inferlab.kernels.w4a16_matmul import w4a16_matmul

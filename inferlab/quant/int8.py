@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.quant import fused
 from inferlab.quant.base import QuantLinear
 
 
@@ -35,3 +36,24 @@ class Int8Linear(QuantLinear):
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float()[:, None]
+
+    def _float_scales(self) -> torch.Tensor:
+        """The fp16 scales as float32, converted once (N numbers), again if the buffer changes."""
+        try:
+            key = (self.scales.data_ptr(), self.scales._version)
+        except RuntimeError:  # an inference-mode tensor has no version counter: convert every time
+            return self.scales.float()
+        if getattr(self, "_scales_key", None) != key:
+            self._scales_key, self._scales32 = key, self.scales.float()
+        return self._scales32
+
+    def fused(self):
+        return fused.int8_matmul, self.qweight, self.scales
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On the CPU, int8 x int8 products (:func:`inferlab.quant.fused.int8_w8a8`); on a GPU the
+        compiled dequantize-inside-the-reduction product; the reference elsewhere."""
+        y = fused.w8a8_call(x, self.qweight, self._float_scales())
+        if y is None:
+            return super().forward(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)

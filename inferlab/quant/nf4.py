@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.quant import fused
 from inferlab.quant.base import QuantizationError, QuantLinear
 
 # The NF4 code values published with QLoRA (and used by bitsandbytes).
@@ -65,3 +66,8 @@ class NF4Linear(QuantLinear):
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_nf4(self.qweight, self.absmax, (self.out_features, self.in_features), self.blocksize)
+
+    def fused(self):
+        if self.in_features % self.blocksize:  # blocks that straddle rows: only the reference
+            return None
+        return fused.nf4_matmul, self.qweight, self.absmax, NF4_CODE.to(self.qweight.device), self.blocksize

@@ -74,7 +74,7 @@ def test_agrees_with_the_quantization_package():
     assert ((got - want).abs().max() / want.abs().max()).item() < (1e-5 if DEVICE == "cpu" else 1e-2)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path runs on CUDA; the CPU dequantizes")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernel runs on CUDA; the CPU path is tests/kernels/test_quant_fused.py")
 def test_int4_linear_on_cuda_runs_the_fused_kernel():
     """Int4Linear.forward on CUDA goes through this kernel and equals dequantize-then-matmul."""
     from inferlab.quant.int4 import Int4Linear

@@ -1,0 +1,218 @@
+"""Dequantize inside the reduction: quantized matrix-vector products that read only the packed codes.
+
+Decoding one token multiplies a vector by every weight matrix: its time is the time to read the
+weights. Dequantize-then-matmul (``QuantLinear.dequantize`` + ``F.linear``, the readable reference)
+reads the small codes, *writes* an fp32 weight 4-8x larger, then reads it again: slower than fp32.
+Here each format's product is written as one expression, ``y[m, n] = sum_k x[m, k] * w(codes)[n, k]``,
+whose decoding of ``w`` sits inside the sum. ``torch.compile`` (inductor) fuses the expression into
+one vectorised C++ loop per weight (or one Triton kernel on a GPU), so the loop reads each packed
+byte once and never stores a dequantized weight (gpt-fast's int8 path is the same idea).
+
+Group-wise formats use the distributive law to take the zero point out of the inner loop:
+``sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z sum_k x_k)``.
+
+Where compiling is impossible (no C++ compiler, an unsupported platform), :func:`fused_call` says
+so once and returns None; the caller then uses the reference. ``INFERLAB_QUANT_KERNEL=eager``
+forces the reference everywhere (to compare, or to debug).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+
+import torch
+
+log = logging.getLogger(__name__)
+MAX_ROWS = 4  # decode; above this (prefill, perplexity, large batches) the reference runs, its one
+# dequantization shared by many rows, so quality numbers measured on prompts are the reference's
+_broken: list[str] = []  # the fast paths found not to work here ("compile", "w8a8"): warned once
+
+
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float, q [N, K] int8, scales [N] -> [M, N]: (sum_k x_k q_nk) * s_n.
+
+    The sum is split in chunks of up to 256 (partial sums, then their sum): inductor then keeps
+    several independent accumulators instead of one long dependency chain."""
+    M, K = x.shape
+    c = next(c for c in (256, 128, 64, 32, K) if K % c == 0)
+    part = (x.view(M, 1, K // c, c) * q.view(1, -1, K // c, c).float()).sum(-1)
+    return part.sum(-1) * scales.float()
+
+
+def int8_w8a8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float, q [N, K] int8 -> [M, N] with the activations quantized too (W8A8, dynamic).
+
+    Each row of x gets its own absmax scale, ``x ~ xs * xq`` with xq in -127..127; then
+    ``torch._int_mm`` multiplies int8 by int8 into int32 (oneDNN: VNNI's 4-way int8 dot products
+    on CPUs that have them) and one multiply by ``xs * s_n`` restores the scale. llama.cpp does
+    the same for Q8_0 (it quantizes activations to 8 bits before its dot products). The result
+    differs from the reference by at most ``sum_k |w_nk| * xs / 2`` (the activations' rounding).
+    Runs eagerly: no compiler needed."""
+    xs = x.abs().amax(-1, keepdim=True).clamp_(min=1e-30).div_(127)
+    xq = x.div(xs).round_().to(torch.int8)
+    return torch._int_mm(xq, q.t()).float().mul_(xs).mul_(scales)  # few ops: each costs ~10 us here
+
+
+def w8a8_call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, max_rows: int = MAX_ROWS):
+    """:func:`int8_w8a8` on up to ``max_rows`` rows of a CPU tensor; None where the reference should run."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if rows == 0 or rows > max_rows or x.is_cuda or mode() == "eager" or "w8a8" in _broken:
+        return None
+    try:
+        y = int8_w8a8(x.reshape(rows, x.shape[-1]).float(), q, scales)
+    except RuntimeError as e:  # a torch build without the CPU int8 GEMM
+        _broken.append("w8a8")
+        log.warning("inferlab: int8 linears fall back to dequantize-then-matmul: %s", str(e).splitlines()[0][:200])
+        return None
+    return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
+
+
+def deinterleave(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (even columns, odd columns), each contiguous [M, K // 2]: two codes share a byte,
+    and contiguous activations let the compiled loop load 16 of them at once."""
+    pairs = x.view(x.shape[0], -1, 2)
+    return pairs[..., 0].contiguous(), pairs[..., 1].contiguous()
+
+
+def int4_matmul(xe: torch.Tensor, xo: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Group-wise 4-bit (``inferlab.quant.int4`` layout: low nibble = even column), x given as
+    :func:`deinterleave` pairs -> [M, N]."""
+    M, H = xe.shape
+    N, G = qweight.shape[0], 2 * H // group_size
+    q = qweight.view(1, N, G, group_size // 2)
+    dot = ((q & 15).float() * xe.view(M, 1, G, -1) + (q >> 4).float() * xo.view(M, 1, G, -1)).sum(-1)
+    xsum = (xe + xo).view(M, 1, G, -1).sum(-1)
+    return ((dot - zeros.float() * xsum) * scales.float()).sum(-1)
+
+
+def nf4_matmul(xe: torch.Tensor, xo: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
+               code: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """NF4 (bitsandbytes layout: high nibble = even element, blocks of ``blocksize`` along each
+    row), x given as :func:`deinterleave` pairs -> [M, N]. The 16 code values are a table lookup."""
+    M, H = xe.shape
+    B = 2 * H // blocksize
+    q = qweight.view(1, -1, B, blocksize // 2)
+    dot = (code[(q >> 4).int()] * xe.view(M, 1, B, -1) + code[(q & 15).int()] * xo.view(M, 1, B, -1)).sum(-1)
+    return (dot * absmax.view(1, -1, B)).sum(-1)
+
+
+PAIRED = (int4_matmul, nf4_matmul)  # these take deinterleave(x) instead of x
+
+
+def _f16(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Two uint8 byte tensors -> the float16 they spell (little endian), as float32."""
+    return (lo.to(torch.int32) | (hi.to(torch.int32) << 8)).to(torch.int16).view(torch.float16).float()
+
+
+def q8_0_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """llama.cpp Q8_0 blocks (fp16 d, 32 int8) -> [M, N]."""
+    M, K = x.shape
+    b = qweight.view(1, -1, K // 32, 34)
+    d = _f16(b[..., 0], b[..., 1])
+    q = b[..., 2:].view(torch.int8).float()
+    return ((q * x.view(M, 1, K // 32, 32)).sum(-1) * d).sum(-1)
+
+
+def q4_0_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """llama.cpp Q4_0 blocks (fp16 d, 16 bytes: value i low nibble, i + 16 high) -> [M, N]."""
+    M, K = x.shape
+    b = qweight.view(1, -1, K // 32, 18)
+    d = _f16(b[..., 0], b[..., 1])
+    qs = b[..., 2:]
+    xb = x.view(M, 1, K // 32, 2, 16)
+    dot = ((qs & 15).float() * xb[..., 0, :] + (qs >> 4).float() * xb[..., 1, :]).sum(-1)
+    return ((dot - 8 * xb.sum((-1, -2))) * d).sum(-1)
+
+
+def q4_k_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """llama.cpp Q4_K super-blocks of 256 (see ``inferlab.quant.ggml``) -> [M, N].
+
+    Sub-block j of 32 has w = d*sc_j * q - dmin*m_j; byte c of the 32-byte chunk i holds
+    sub-block 2i (low nibble) and 2i + 1 (high nibble)."""
+    M, K = x.shape
+    S = K // 256
+    b = qweight.view(1, -1, S, 144)
+    d, dmin = _f16(b[..., 0], b[..., 1]), _f16(b[..., 2], b[..., 3])
+    sc, mn = b[..., 4:8], b[..., 8:12]
+    md = b[..., 12:16]
+    scales = torch.cat([sc & 0x3F, (md & 0x0F) | ((sc >> 2) & 0x30)], -1).float() * d[..., None]  # [1, N, S, 8]
+    mins = torch.cat([mn & 0x3F, (md >> 4) | ((mn >> 2) & 0x30)], -1).float() * dmin[..., None]
+    qs = b[..., 16:].view(1, -1, S, 4, 32)
+    xs = x.view(M, 1, S, 4, 2, 32)
+    lo = ((qs & 15).float() * xs[..., 0, :]).sum(-1)  # [M, N, S, 4]: sub-blocks 0, 2, 4, 6
+    hi = ((qs >> 4).float() * xs[..., 1, :]).sum(-1)  # sub-blocks 1, 3, 5, 7
+    dot = torch.stack([lo, hi], -1).flatten(-2)  # [M, N, S, 8]
+    xsum = x.view(M, 1, S, 8, 32).sum(-1)
+    return (dot * scales - xsum * mins).sum((-1, -2))
+
+
+@functools.cache
+def compiler_available() -> bool:
+    return any(shutil.which(c) for c in (os.environ.get("CXX", "c++"), "g++", "clang++"))
+
+
+_KERNELS: dict = {}  # (function, argument shapes and values) -> its compiled kernel
+
+
+def _compiled(fn, args):
+    """The kernel inductor generates for ``fn`` at these argument shapes (one per weight shape and
+    row count: a model has a handful). ``torch._inductor.standalone_compile`` on the traced graph is
+    called without dynamo's guards, about 100 us less per call than ``torch.compile``'s wrapper, which
+    matters when a linear's work is tens of microseconds; where it is missing, ``torch.compile``."""
+    key = (fn,) + tuple((a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        from torch import _inductor as inductor  # here: a platform without inductor still loads inferlab.quant
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        consts = {i: a for i, a in enumerate(args) if i not in tensors}
+
+        def traced(*ts):
+            full = list(consts.get(i) for i in range(len(args)))
+            for i, t in zip(tensors, ts):
+                full[i] = t
+            return fn(*full)
+        example = [args[i] for i in tensors]
+        if hasattr(inductor, "standalone_compile"):
+            from torch.fx.experimental.proxy_tensor import make_fx
+            artifact = inductor.standalone_compile(make_fx(traced)(*example), example,
+                                                   dynamic_shapes="from_example_inputs")
+
+            def kernel(*ts):
+                out = artifact(*ts)
+                return out[0] if isinstance(out, (list, tuple)) else out
+        else:
+            kernel = torch.compile(traced, dynamic=False, fullgraph=True)
+        _KERNELS[key] = kernel = (kernel, tensors)
+    fn_compiled, tensors = kernel
+    return fn_compiled(*(args[i] for i in tensors))
+
+
+def mode() -> str:
+    """``compiled`` (the default where a compiler exists) or ``eager`` (the dequantize reference)."""
+    return os.environ.get("INFERLAB_QUANT_KERNEL", "compiled").lower()
+
+
+def _give_up(why: str) -> None:
+    if "compile" not in _broken:
+        _broken.append("compile")
+        log.warning("inferlab: quantized linears fall back to dequantize-then-matmul (slower): %s", why)
+
+
+def fused_call(fn, x: torch.Tensor, *args):
+    """``fn(x2d, *args)`` compiled, for a batch of at most MAX_ROWS rows; None where the reference should run."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if "compile" in _broken or rows == 0 or rows > MAX_ROWS or mode() == "eager" or torch.is_grad_enabled() and x.requires_grad:
+        return None
+    if x.device.type == "cpu" and not compiler_available():
+        _give_up("no C++ compiler found for torch.compile (install g++ or clang++ for the fast path)")
+        return None
+    try:
+        x2 = x.reshape(rows, x.shape[-1]).float()
+        y = _compiled(fn, (*(deinterleave(x2) if fn in PAIRED else (x2,)), *args))
+    except Exception as e:  # noqa: BLE001  a compiler that fails is reported once, then avoided
+        _give_up(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+        return None
+    return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
