@@ -43,7 +43,8 @@ def _ppl_protocol(folder: Path, metrics: dict) -> dict | None:
 
 
 def list_models() -> list[dict]:
-    """One entry per embedded model that is built: {"name", "path", "params", "test_ppl", "ppl_protocol"}."""
+    """One entry per embedded model that is built: {"name", "path", "params", "test_ppl", "ppl_protocol",
+    "draft_target_agreement"} (the last for drafts only)."""
     out = []
     for name in EMBEDDED_MODELS:
         folder = ASSETS / name
@@ -52,7 +53,9 @@ def list_models() -> list[dict]:
         metrics_path = folder / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
         out.append({"name": name, "path": str(folder), "params": metrics.get("params") or _param_count(folder),
-                    "test_ppl": metrics.get("test_ppl"), "ppl_protocol": _ppl_protocol(folder, metrics)})
+                    "test_ppl": metrics.get("test_ppl"), "ppl_protocol": _ppl_protocol(folder, metrics),
+                    # greedy agreement with the target on the test split: greedy speculation's acceptance rate
+                    "draft_target_agreement": metrics.get("draft_target_agreement") if "draft" in name else None})
     return out
 
 
@@ -71,10 +74,13 @@ def main(argv: list[str]) -> int:
         return 0
     from inferlab.eval.ppl import describe
 
-    print(f"{'name':<8} {'params':>10} {'test ppl':>9}  path")
+    w = max(len(m["name"]) for m in models)
+    print(f"{'name':<{w}} {'params':>10} {'test ppl':>9} {'agreement':>9}  path")
     for m in models:
         ppl = f"{m['test_ppl']:.2f}" if m["test_ppl"] is not None else "-"
-        print(f"{m['name']:<8} {m['params']:>10,} {ppl:>9}  {m['path']}")
+        agree = f"{m['draft_target_agreement']:.1%}" if m["draft_target_agreement"] is not None else "-"
+        print(f"{m['name']:<{w}} {m['params']:>10,} {ppl:>9} {agree:>9}  {m['path']}")
+    print("agreement: how often a draft's greedy next token equals the target's (greedy speculation's acceptance)")
     protocols = {describe(m["ppl_protocol"]) for m in models if m["ppl_protocol"]}
     for proto in sorted(protocols):
         print(f"perplexity: {proto} (`inferlab eval ppl --model NAME` measures the same)")

@@ -25,7 +25,7 @@ from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
 
 ASSETS = Path(__file__).parent / "assets" / "models"
-EMBEDDED_MODELS = ("target", "draft", "moe", "mha", "gqa", "mqa")  # the last four: notebook 06
+EMBEDDED_MODELS = ("target", "draft", "draft_distilled", "moe", "mha", "gqa", "mqa")  # moe..mqa: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _GGUF_WORD = ("{what}, llama.cpp's format (what `inferlab quantize --format gguf` writes): run it with "
               "llama.cpp (`llama-cli -m {file}`); inferlab loads HF folders (config.json + safetensors), "
