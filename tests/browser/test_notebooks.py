@@ -146,9 +146,13 @@ def test_notebook_in_jupyterlab(chromium, jupyterlab, tmp_path, name):
             page.goto(f"{url}/lab/tree/notebooks/{name}.ipynb", wait_until="domcontentloaded", timeout=120_000)
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            # JupyterLab restores tabs an earlier test opened: look only inside this notebook's panel
+            # JupyterLab restores tabs an earlier test opened: wait until this notebook is the current
+            # widget, and look only inside its panel
+            page.wait_for_function("(path) => { const w = window.jupyterapp.shell.currentWidget;"
+                                   " return w && w.context && w.context.path === path; }",
+                                   arg=f"notebooks/{name}.ipynb", timeout=120_000)
             scope = '[id="%s"]' % page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
+            page.wait_for_selector(f"{scope} .jp-Notebook .jp-Cell", timeout=60_000)
             cells = page.evaluate(RUN_ALL_AND_COLLECT)
             errors = [(c["source"], o) for c in cells for o in c["outputs"] if o.get("output_type") == "error"]
             assert not errors, "cells raised:\n" + "\n\n".join(
