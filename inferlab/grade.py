@@ -1,5 +1,12 @@
 """``inferlab grade labs/NN_topic [--reference] [--json results.json]``: run a lab's graded tests.
 
+Which ``starter.py`` is graded: the student's copy in ``workspace/`` (what ``make lab`` serves)
+whenever one exists, from any working folder: the repository's root, ``workspace/``, a notebook
+cell under ``workspace/notebooks`` (``!inferlab grade labs/02_kv_cache`` or ``../labs/...``), or
+anywhere else. Only an absolute path, or a relative one that names a folder inside a workspace,
+is graded exactly as given. The report starts with the absolute path of the file it graded, and
+says so in one line when that file is the course's own untouched starter.
+
 The tests run under pytest in a fresh subprocess (so a student's file is imported clean every
 time and cannot crash the grader), with the plugin in :mod:`inferlab.labkit` recording each
 test's points. The result has the shape Gradescope's autograder expects::
@@ -35,6 +42,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write Gradescope-style results to PATH")
     p.add_argument("--quiet", action="store_true", help="print only the score line")
     return p
+
+
+def find_workspace(cwd: Path) -> Path | None:
+    """The workspace that holds ``cwd`` (a folder with workspace.MANIFEST above it), else the
+    course's own ``workspace/`` when ``make lab`` has made one, else None."""
+    from inferlab.viz.workspace import MANIFEST, WORKSPACE
+
+    for folder in (cwd, *cwd.parents):
+        if (folder / MANIFEST).is_file():
+            return folder
+    own = REPO_ROOT / WORKSPACE
+    return own if (own / MANIFEST).is_file() else None
+
+
+def resolve_lab(arg: str | os.PathLike, cwd: str | os.PathLike | None = None) -> Path:
+    """The lab folder a student means by ``arg`` typed in ``cwd``: their workspace copy whenever
+    one exists (see the module docstring), else the folder itself, else the course's labs/NAME."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    path = Path(arg).expanduser()
+    if path.is_absolute():
+        return find_lab(path)
+    here = (cwd / path).resolve()
+    workspace = find_workspace(cwd)
+    if here.is_dir() and workspace is not None and here.is_relative_to(workspace.resolve()):
+        return find_lab(here)
+    if workspace is not None and (workspace / "labs" / path.name).is_dir():
+        return find_lab(workspace / "labs" / path.name)
+    return find_lab(here if here.is_dir() else path)
+
+
+def starter_note(lab: Path) -> str | None:
+    """One line when ``lab``'s starter.py is the course's own, as the course shipped it."""
+    starter = lab / "starter.py"
+    course = REPO_ROOT / "labs" / lab.name / "starter.py"
+    if starter.resolve() != course.resolve():
+        if course.is_file() and starter.is_file() and starter.read_bytes() == course.read_bytes():
+            return "note: your copy is still the course's untouched starter: write your code in it, then grade again"
+        return None
+    try:
+        shipped = subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"HEAD:labs/{lab.name}/starter.py"],
+                                 capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if shipped.returncode == 0 and shipped.stdout == starter.read_bytes():
+        return ("note: this is the course's own untouched starter (no workspace copy found): `make lab` "
+                f"makes your copy, workspace/labs/{lab.name}/starter.py")
+    return None
 
 
 def find_lab(arg: str | os.PathLike) -> Path:
@@ -105,6 +159,8 @@ def run_lab(lab: str | os.PathLike, reference: bool = False) -> dict:
         "tests": tests,
         "lab": lab_dir.name,
         "mode": "reference" if reference else "starter",
+        "path": str(lab_dir / "starter.py"),
+        "note": None if reference else starter_note(lab_dir),
     }
 
 
@@ -117,8 +173,12 @@ def format_summary(results: dict, quiet: bool = False) -> str:
     if not quiet:
         from inferlab.labkit import SEE_LOAD_ERROR
 
-        source = "inferlab (reference)" if results["mode"] == "reference" else "starter.py"
-        lines.append(f"lab {results['lab']}: grading {source}")
+        if results["mode"] == "reference":
+            lines.append(f"lab {results['lab']}: grading inferlab's reference implementation")
+        else:
+            lines.append(f"lab {results['lab']}: grading {results.get('path', 'starter.py')}")
+        if results.get("note"):
+            lines.append(results["note"])
         tests = results["tests"]
         load_error = any(t["output"] == SEE_LOAD_ERROR for t in tests)
         if load_error:  # the first test carries the error itself; show it once, at the top
@@ -147,7 +207,7 @@ def gradescope_json(results: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    results = run_lab(args.lab, reference=args.reference)
+    results = run_lab(resolve_lab(args.lab), reference=args.reference)
     print(format_summary(results, quiet=args.quiet))
     if args.json:
         try:

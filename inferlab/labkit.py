@@ -280,9 +280,13 @@ def explain(exc: BaseException) -> str:
             text += f"\n  at {where}"
         elif isinstance(exc, TypeError):
             text += "\n  (keep the names and parameters that starter.py gives each function)"
-    # Hypothesis adds the inputs it shrank to ("Falsifying example: ...") as a note.
+    # Hypothesis adds the inputs it shrank to ("Falsifying example: ...") as a note; for a state
+    # machine, the shortest sequence of steps it found, one note per step ("state.append(...)").
     keep = [n.strip() for n in notes if n.startswith(("while calling", "Falsifying example"))]
-    return "\n".join([text, *dict.fromkeys(keep)])
+    steps = [n.strip() for n in notes if n.startswith(("state = ", "state.")) and n.strip() != "state.teardown()"]
+    if steps:  # every step, repeats included: they are the recipe
+        steps = ["the shortest sequence of steps found that fails (replay it by hand):"] + ["  " + s for s in steps]
+    return "\n".join([text, *dict.fromkeys(keep), *steps])
 
 
 # ---------------------------------------------------------------- the pytest plugin

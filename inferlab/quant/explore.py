@@ -1,7 +1,7 @@
-"""Notebook 01's live views: a weight-error explorer and a Q4_K super-block, byte by byte."""
+"""Notebook 01's arithmetic: the schemes the error explorer offers (its widget is
+:mod:`inferlab.viz.quant_explorer`) and a Q4_K super-block, byte by byte."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from inferlab.quant import ggml
@@ -24,48 +24,9 @@ def roundtrip(w: torch.Tensor, bits, group: int | None) -> tuple[torch.Tensor, f
         return dequantize_nf4(packed, absmax, w.shape, group), 4 + 32 / group
     group = cols if group == -1 else group
     qw, s, z = quantize_int4(w, group, bits)
-    return dequantize_int4(qw, s, z, group), 4 + 24 / group  # 4-bit slots + fp16 scale + uint8 zero per group
-
-
-def error_explorer(w: torch.Tensor, linear_params: int, name: str = "layer", bins: int = 61):
-    """Choose a bit width and a group size: a histogram of w~ - w for ``w`` and the memory bar
-    of all ``linear_params`` linear weights stored that way, against fp16."""
-    import ipywidgets as W
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from inferlab.viz import Live
-
-    w = w.detach().float()
-    scheme = W.Dropdown(options=list(SCHEMES), value="int4 g128", description="scheme")
-    header = W.HTML()
-    fig = go.FigureWidget(make_subplots(rows=1, cols=2, column_widths=[0.72, 0.28],
-                                        subplot_titles=("error w~ - w (in units of std(w))", "linear weights, MiB")))
-    fig.add_bar(x=[], y=[], name="error", row=1, col=1)  # bin counts, not raw values: a small notebook
-    fig.add_bar(x=["fp16", "chosen"], y=[0, 0], name="MiB", row=1, col=2)
-    fig.update_layout(height=360, showlegend=False, margin=dict(t=60, b=40, l=40, r=20))
-    fig.update_yaxes(type="log", row=1, col=1)
-
-    def redraw(*_):
-        bits, group = SCHEMES[scheme.value]
-        w_hat, bpw = roundtrip(w, bits, group)
-        err = ((w_hat - w) / w.std()).flatten()
-        lim = max(err.abs().max().item(), 1e-6)
-        counts, edges = np.histogram(err.numpy(), bins=bins, range=(-lim, lim))
-        mib_fp16, mib = linear_params * 2 / 2**20, linear_params * bpw / 8 / 2**20
-        header.value = (f"<b>{scheme.value}</b> on {name}: {bpw:.2f} bits/weight, "
-                        f"{mib:.2f} MiB vs {mib_fp16:.2f} MiB in fp16 ({mib / mib_fp16:.2f}x); "
-                        f"relative RMS error {err.pow(2).mean().sqrt().item():.4f}")
-        with fig.batch_update():
-            fig.data[0].x, fig.data[0].y = np.round((edges[:-1] + edges[1:]) / 2, 5), counts
-            fig.data[1].y = [mib_fp16, mib]
-            fig.layout.title.text = f"{name}: {scheme.value}"
-
-    scheme.observe(redraw, names="value")
-    redraw()
-    live = Live(W.VBox([scheme, header, fig]), fig, header=header, description="quantization error explorer")
-    live.scheme = scheme
-    return live
+    # 4-bit slots (int3 and int2 codes too: they do not split evenly into bytes) + fp16 scale and
+    # uint8 zero point per group
+    return dequantize_int4(qw, s, z, group), 4 + 24 / group
 
 
 def describe_q4_k(block: torch.Tensor) -> str:

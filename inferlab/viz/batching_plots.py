@@ -162,27 +162,35 @@ def latency_figure(runs: dict[str, dict]) -> go.Figure:
 
 
 def kv_usage_figure(runs: dict[str, dict]) -> go.Figure:
-    """Share of the KV pool's blocks held after each step, with the preemptions marked."""
+    """Share of the KV pool's blocks held after each step; an x marks each step that preempted,
+    labelled with how many sequences it preempted when more than one."""
     fig = go.Figure()
     for name, run in runs.items():
         use = [rec["kv_usage"] for rec in run["records"]]
         fig.add_scatter(x=list(range(len(use))), y=use, mode="lines", name=name, line=dict(shape="hv", color=POLICY_COLORS.get(name)))
-        pre = [rec["step"] for rec in run["records"] if rec["preempted"]]
+        pre = [(rec["step"], len(rec["preempted"])) for rec in run["records"] if rec["preempted"]]
         if pre:
-            fig.add_scatter(x=pre, y=[use[s] for s in pre], mode="markers", name=f"{name}: preemption",
+            fig.add_scatter(x=[s for s, _ in pre], y=[use[s] for s, _ in pre], mode="markers+text",
+                            name=f"{name}: a step that preempted (x2: two sequences)",
+                            text=[f"x{n}" if n > 1 else "" for _, n in pre], textposition="bottom center",
                             marker=dict(symbol="x", size=10, color="#000"))
     style(fig, "KV pool usage per step", 340)
-    fig.update_layout(xaxis=dict(title="engine step"), yaxis=dict(title="blocks held / pool", range=[0, 1.05], tickformat=".0%"))
+    fig.update_layout(xaxis=dict(title="engine step"), yaxis=dict(title="blocks held / pool", range=[0, 1.05], tickformat=".0%"),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 
 def timeline_view(runs: dict[str, dict], first: str | None = None) -> Live:
-    """Pick a run; its Gantt timeline redraws, with the step count, occupancy and preemptions above."""
+    """Pick a run; its Gantt timeline redraws, with the step count, occupancy and preemptions above.
+
+    Every run is drawn on the same step axis (the longest run's), so switching compares them by
+    eye; the book's static snapshot shows every run, one under the other."""
     import ipywidgets as W
 
     names = list(runs)
     pick = W.ToggleButtons(options=names, value=first or names[0], description="policy")
     header = W.HTML()
+    steps = max(run["num_steps"] for run in runs.values())
     live = LiveFigure(timeline_figure(runs[pick.value]))
 
     def redraw(*_):
@@ -190,11 +198,18 @@ def timeline_view(runs: dict[str, dict], first: str | None = None) -> Live:
         sizes = batch_sizes(run)
         new = timeline_figure(run)
         traces = {i: {k: v for k, v in t.to_plotly_json().items() if k != "type"} for i, t in enumerate(new.data)}
-        live.update(traces, {"title.text": new.layout.title.text, "yaxis.categoryarray": list(run["requests"])})
+        live.update(traces, {"title.text": new.layout.title.text, "yaxis.categoryarray": list(run["requests"]),
+                             "xaxis.range": [0, steps], "xaxis.autorange": False})
         header.value = (f"<b>{run['policy']}</b>: {run['num_steps']} steps for {len(run['requests'])} requests, "
                         f"mean batch {sum(sizes) / len(sizes):.2f} of {run['max_num_seqs']}, "
                         f"{run['num_preemptions']} preemptions")
 
     pick.observe(redraw, names="value")
     redraw()
-    return Live(W.VBox([pick, header, live.widget]), live.figure, header=header, description="batching timeline")
+    book = []
+    for name in names:
+        fig = timeline_figure(runs[name])
+        fig.update_layout(xaxis=dict(range=[0, steps], autorange=False))
+        book.append(fig)
+    return Live(W.VBox([pick, header, live.widget]), live.figure, header=header, description="batching timeline",
+                snapshots=book)

@@ -10,6 +10,14 @@ front end shows the richest one it understands:
 The HTML snapshot never points at a CDN: it uses ``window.Plotly`` when the page already loaded
 it, and otherwise loads ``_static/plotly.min.js`` relative to the site root (Sphinx writes that
 root on every page), which the book build copies from the installed plotly package.
+
+Every figure also carries a ``text/plain`` *structural summary* (:func:`figure_summary`): its
+title, axis types and titles, and each trace's kind, name and number of points. That is what
+nbval compares. The figure's numbers differ in their low bits from one CPU to the next, so the
+plotly JSON is left out of the comparison (``notebooks/conftest.py``) and the HTML snapshot is
+replaced by a placeholder (``notebooks/nbval_sanitize.cfg``); the notebooks' assert cells check
+those numbers with tolerances instead. The snapshot's element id comes from the summary, never
+from the data, so it is the same on every machine.
 """
 from __future__ import annotations
 
@@ -57,14 +65,49 @@ def figure_json(fig: go.Figure) -> str:
     return pio.to_json(go.Figure(fig), validate=False, pretty=False)
 
 
+def _points(trace) -> str:
+    """How many points a trace holds: ``9``, or rows x columns for a heatmap's ``z``."""
+    for key in ("z", "x", "y", "values", "r", "lat"):
+        value = getattr(trace, key, None) if key in trace else None
+        if value is None:
+            continue
+        if key == "z" and len(value) and hasattr(value[0], "__len__"):
+            return f"{len(value)}x{len(value[0])}"
+        return str(len(value))
+    return "0"
+
+
+def figure_summary(fig: go.Figure) -> str:
+    """The figure's structure as text, the same on every CPU: title, axes, traces (kind, name, points).
+
+    >>> print(figure_summary(go.Figure(go.Bar(x=["a", "b"], y=[1.0, 2.5], name="m"), layout=dict(title="t"))))
+    plotly figure: t
+      bar 'm': 2 points
+    """
+    fig = go.Figure(fig)
+    lines = [f"plotly figure: {fig.layout.title.text or '(untitled)'}"]
+    layout = fig.layout.to_plotly_json()
+    for name in sorted(k for k in layout if k.startswith(("xaxis", "yaxis"))):
+        axis = fig.layout[name]
+        title = axis.title.text if axis.title is not None else None
+        if axis.type or title:
+            lines.append(f"  {name}: {axis.type or 'auto'}" + (f", title {title!r}" if title else ""))
+    for trace in fig.data:
+        mode = f" ({trace.mode})" if getattr(trace, "mode", None) else ""
+        lines.append(f"  {trace.type} {trace.name!r}{mode}: {_points(trace)} points" if trace.name is not None
+                     else f"  {trace.type}{mode}: {_points(trace)} points")
+    return "\n".join(lines)
+
+
 def figure_html(fig: go.Figure) -> str:
     """A self-drawing ``<div>`` + ``<script>`` snapshot of ``fig`` that loads only local plotly.js.
 
-    The div id is derived from the figure's content and a per-process counter, so re-running a
-    notebook from the top reproduces the same HTML byte for byte (nbval can compare it).
+    The div id comes from the figure's structure (:func:`figure_summary`) and a per-process
+    counter, never from its numbers: re-running a notebook from the top gives the same ids on any
+    CPU, and two figures on one page never share one.
     """
     payload = figure_json(fig)
-    digest = hashlib.sha1(payload.encode()).hexdigest()[:10]
+    digest = hashlib.sha1(figure_summary(fig).encode()).hexdigest()[:10]
     div_id = f"inferlab-fig-{digest}-{next(_figure_counter)}"
     height = (fig.layout.height or 420) if hasattr(fig, "layout") else 420
     safe = payload.replace("</", "<\\/")  # a "</script>" inside a string must not end the tag
@@ -81,11 +124,10 @@ class StaticFigure:
         self.description = description
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        title = self.figure.layout.title.text or "figure"
         return {
             "application/vnd.plotly.v1+json": json.loads(figure_json(self.figure)),
             "text/html": figure_html(self.figure),
-            "text/plain": self.description or f"<plotly figure: {title}>",
+            "text/plain": (self.description + "\n" if self.description else "") + figure_summary(self.figure),
         }
 
 
@@ -146,10 +188,9 @@ class LiveFigure:
         self._send()
 
     def _send(self) -> None:
-        title = self.figure.layout.title.text or "figure"
         self.widget.outputs = ({"output_type": "display_data", "metadata": {},
                                 "data": {"application/vnd.plotly.v1+json": json.loads(figure_json(self.figure)),
-                                         "text/plain": f"<plotly figure: {title}>"}},)
+                                         "text/plain": figure_summary(self.figure)}},)
 
 
 class Live:
@@ -161,15 +202,21 @@ class Live:
     ``header`` widget's HTML (a readout of the numbers).
     """
 
-    def __init__(self, widget, figure: go.Figure, header=None, description: str = "live figure"):
+    def __init__(self, widget, figure: go.Figure, header=None, description: str = "live figure",
+                 snapshots: list | None = None):
         self.widget, self.figure, self.header, self.description = widget, figure, header, description
+        #: Figures the book shows instead of ``figure`` alone, one under the other (for a widget whose
+        #: point is a comparison between its states, such as two policies).
+        self.snapshots = snapshots
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
-        top = f"<div>{self.header.value}</div>\n" if self.header is not None else ""
-        bundle["text/html"] = SNAPSHOT_NOTICE + "\n" + top + figure_html(self.figure)
+        figures = self.snapshots or [self.figure]
+        top = f"<div>{self.header.value}</div>\n" if self.header is not None and not self.snapshots else ""
+        bundle["text/html"] = SNAPSHOT_NOTICE + "\n" + top + "\n".join(figure_html(f) for f in figures)
         # ipywidgets' own text/plain is a repr of every child (ids, values): replace it with prose
-        bundle["text/plain"] = f"<{self.description}: live in JupyterLab, a static snapshot elsewhere>"
+        bundle["text/plain"] = "\n".join([f"<{self.description}: live in JupyterLab, a static snapshot elsewhere>",
+                                          *(figure_summary(f) for f in figures)])
         return bundle
 
 

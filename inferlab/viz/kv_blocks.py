@@ -57,6 +57,13 @@ def owners(snap: dict) -> dict[int, list[int]]:
     return out
 
 
+def text_color(fill: str) -> str:
+    """Black on a light fill, white on a dark one (WCAG relative luminance), so labels stay legible."""
+    r, g, b = (int(fill.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return "#000" if 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2] > 0.18 else "#fff"
+
+
 def pool_points(snap: dict, cols: int = 8) -> dict:
     """Where and how each block is drawn: x, y, colour, outline width, label, hover text."""
     held, bs = owners(snap), snap["block_size"]
@@ -72,7 +79,7 @@ def pool_points(snap: dict, cols: int = 8) -> dict:
         pts["color"].append(color)
         pts["line"].append(4 if len(who) > 1 else 1)
         fill = f"{blk['num_tokens']}/{bs}" if who else ("c" if blk["cached"] else "")
-        pts["text"].append(fill + (f" x{len(who)}" if len(who) > 1 else ""))
+        pts["text"].append(fill + (f"<br>x{len(who)}" if len(who) > 1 else ""))  # two lines: fits the square
         pts["hover"].append(f"block {i}: {state}, {blk['num_tokens']}/{bs} slots filled")
     return pts
 
@@ -103,17 +110,21 @@ def pool_figure(trace: list[dict], step: int = 0, cols: int = 8, selected: int |
     """The two caches at ``trace[step]`` (a static figure; :func:`block_pool` animates it)."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
                         subplot_titles=("paged: physical block pool", "contiguous: max_model_len each"))
+    # squares smaller than a column (they never touch, even in the book's narrow column), labels
+    # large enough to read and coloured for contrast with their block
     fig.add_scatter(row=1, col=1, mode="markers+text", name="blocks", showlegend=False, hoverinfo="text",
-                    marker=dict(symbol="square", size=42, line=dict(color="#222")), textfont=dict(size=10))
+                    marker=dict(symbol="square", size=36, line=dict(color="#222")),
+                    textfont=dict(size=12, family="Arial Black, Arial, sans-serif"))
     fig.add_bar(row=1, col=2, orientation="h", name="used", showlegend=False)
     fig.add_bar(row=1, col=2, orientation="h", name="reserved, empty", showlegend=False,
                 marker=dict(color=EMPTY, line=dict(color="#bbb", width=1), pattern=dict(shape="/")))
     rows = -(-len(trace[0]["blocks"]) // cols)
-    style(fig, height=190 + 52 * rows)
-    fig.update_layout(barmode="stack", plot_bgcolor="white", margin=dict(t=92))  # room for the subplot titles
+    style(fig, height=230 + 52 * rows)
+    # room for the subplot titles above, and below for the x axis title and then the key
+    fig.update_layout(barmode="stack", plot_bgcolor="white", margin=dict(t=92, b=100))
     fig.add_annotation(text=LEGEND.format(bs=trace[0]["block_size"]), xref="paper", yref="paper",
-                       x=0, y=-0.02, yanchor="top",
-                       showarrow=False, font=dict(size=11, color="#555"), xanchor="left")
+                       x=0, y=0, yanchor="top", yshift=-62,
+                       showarrow=False, font=dict(size=11, color="#444"), xanchor="left")
     fig.update_xaxes(row=1, col=1, visible=False, range=[-0.6, cols - 0.4])
     fig.update_yaxes(row=1, col=1, visible=False, range=[rows - 0.5, -0.5])
     fig.update_xaxes(row=1, col=2, title="token slots", range=[0, trace[0]["max_model_len"]])
@@ -129,6 +140,7 @@ def draw(fig, snap: dict, cols: int = 8, selected: int | None = None) -> None:
     lines = [SELECTED if b["id"] in mine else "#222" for b in snap["blocks"]]
     widths = [5 if b["id"] in mine else lw for b, lw in zip(snap["blocks"], pts["line"])]
     fig.data[0].update(x=pts["x"], y=pts["y"], text=pts["text"], hovertext=pts["hover"],
+                       textfont=dict(color=[text_color(c) for c in pts["color"]]),
                        marker=dict(color=pts["color"], line=dict(color=lines, width=widths)))
     fig.data[1].update(y=bars["y"], x=bars["used"], marker=dict(color=bars["color"]))
     fig.data[2].update(y=bars["y"], x=bars["empty"])

@@ -6,7 +6,6 @@ import torch
 
 from inferlab import moe, roofline
 from inferlab.viz.figures import Live, LiveFigure, escape, style
-from inferlab.viz.roofline_plot import roofline_figure
 
 # Mixtral-8x7B (Jiang et al. 2024): 32 layers of 8 experts (3 x 4096 x 14336 each), top-2
 MIXTRAL_8X7B = {"name": "Mixtral-8x7B", "shared": 1.60e9, "per_expert": 32 * 3 * 4096 * 14336,
@@ -76,7 +75,8 @@ def expert_load_figure(loads: dict[str, list[list[float]]], num_experts: int, to
     for label, per_layer in loads.items():
         for li, row in enumerate(per_layer):
             fig.add_bar(x=[f"e{e}" for e in range(num_experts)], y=row, name=f"{label}, layer {li}")
-    fig.add_hline(y=1 / num_experts, line_dash="dash", annotation_text="even share 1/E")
+    fig.add_hline(y=1 / num_experts, line_dash="dash", annotation_text="even share 1/E",
+                  annotation_position="top left")  # left: clear of the last expert's bars
     fig.update_layout(barmode="group", yaxis=dict(title="share of choices"))
     return style(fig, f"Load per expert (share of top-{top_k} choices) on held-out text", height=400)
 
@@ -90,40 +90,62 @@ def decode_bytes(spec: dict, batch: int, bits: float = 16) -> dict:
     return {"experts_touched": touched, "bytes": params_read * bits / 8, "flops": 2 * active * batch}
 
 
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def decode_ceiling(flops: float, nbytes: float, batch: int, hardware) -> float:
+    """Tokens/s a decode step can reach on ``hardware``'s roofline: ``batch`` tokens per step,
+    a step no shorter than its bytes over the bandwidth nor its FLOPs over the peak."""
+    return batch / max(nbytes / hardware.mem_bandwidth, flops / hardware.peak_flops)
+
+
 def moe_roofline(spec: dict = MIXTRAL_8X7B, hw: str = "H100 SXM", batch: int = 1) -> Live:
-    """A batch slider; three decode steps on ``hw``'s roofline: the MoE, a dense model of its total
-    size and a dense model of its active size (weights only, fp16)."""
+    """A batch slider; the decode ceiling (tokens/s, weights only, fp16) against the batch for
+    three models on ``hw``: the MoE, a dense model of its total size and one of its active size.
+    The MoE's curve leaves the small model's at batch 1 (it reads only the chosen experts) and
+    joins the large one's once a batch's tokens touch every expert."""
     import ipywidgets as W
 
     hardware = roofline.PRESETS[hw]
     total = spec["shared"] + spec["num_experts"] * spec["per_expert"]
     active = spec["shared"] + spec["top_k"] * spec["per_expert"]
-    bat = W.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=batch, description="batch",
-                            continuous_update=False)
+    bat = W.SelectionSlider(options=BATCHES, value=batch, description="batch", continuous_update=False)
     header = W.HTML()
     names = (f"dense {total / 1e9:.1f}B", f"{spec['name']} (MoE)", f"dense {active / 1e9:.1f}B")
 
-    def state() -> dict[int, dict]:
-        """The three decode steps' points at the current batch; sets the readout."""
-        b = bat.value
+    def steps(b: int) -> list[tuple[float, float]]:
+        """(FLOPs, bytes) of one decode step of each model at batch ``b``."""
         m = decode_bytes(spec, b)
-        steps = [(2 * total * b, 2 * total), (m["flops"], m["bytes"]), (2 * active * b, 2 * active)]
-        traces, rows = {}, []
-        for i, (name, (flops, nbytes)) in enumerate(zip(names, steps), start=1):
-            ai = flops / nbytes
-            traces[i] = dict(x=[ai], y=[hardware.attainable_flops(ai)])
-            tps = b / max(nbytes / hardware.mem_bandwidth, flops / hardware.peak_flops)  # the roofline's step time
-            rows.append(f"<b>{escape(name)}</b>: reads {nbytes / 1e9:,.1f} GB, ceiling {tps:,.0f} tok/s")
-        header.value = (f"batch {b}: the tokens choose on average {m['experts_touched']:.2f} of "
-                        f"{spec['num_experts']} experts per layer.<br>" + "<br>".join(rows))
-        return traces
+        return [(2 * total * b, 2 * total), (m["flops"], m["bytes"]), (2 * active * b, 2 * active)]
 
+    curves = [[decode_ceiling(*steps(b)[i], b, hardware) for b in BATCHES] for i in range(3)]
+
+    def state() -> dict[int, dict]:
+        """The three models' points at the slider's batch; sets the readout."""
+        b = bat.value
+        rows = []
+        for name, (flops, nbytes) in zip(names, steps(b)):
+            rows.append(f"<b>{escape(name)}</b>: reads {nbytes / 1e9:,.1f} GB per step, ceiling "
+                        f"{decode_ceiling(flops, nbytes, b, hardware):,.0f} tok/s")
+        header.value = (f"batch {b}: the tokens choose on average "
+                        f"{decode_bytes(spec, b)['experts_touched']:.2f} of {spec['num_experts']} experts per "
+                        "layer.<br>" + "<br>".join(rows))
+        return {3 + i: dict(x=[b], y=[curves[i][BATCHES.index(b)]]) for i in range(3)}
+
+    colors = ("#d62728", "#9467bd", "#2ca02c")
+    fig = go.Figure()
+    for name, curve, color in zip(names, curves, colors):
+        fig.add_scatter(x=BATCHES, y=curve, mode="lines", name=name, line=dict(color=color, width=3 if "MoE" in name else 2,
+                                                                             dash=None if "MoE" in name else "dot"))
     # The figure starts from the slider's real value (no placeholder for a later update to replace).
-    traces = state()
-    fig = roofline_figure(hardware, title=f"{spec['name']} decode on {hw}")
-    for i, name in enumerate(names, start=1):
-        fig.add_scatter(mode="markers+text", name=name, text=[name], textposition="top center",
-                        marker=dict(size=13), **traces[i])
+    for i, (name, color) in enumerate(zip(names, colors)):  # the MoE's marker smaller, on top of a dense one's
+        fig.add_scatter(mode="markers", name=f"{name} at this batch", showlegend=False, **state()[3 + i],
+                        marker=dict(size=9 if "MoE" in name else 15, color=color, line=dict(width=1, color="#000")))
+    style(fig, f"{spec['name']} decode on {hw}: the ceiling in tokens/s, by batch", height=440, log_x=True, log_y=True)
+    fig.update_layout(xaxis=dict(title="batch (sequences decoding together)", dtick=None, tickvals=BATCHES,
+                                 minor=dict(ticks="")),
+                      yaxis=dict(title="tokens/s (roofline ceiling, weights only)"),
+                      legend=dict(orientation="h", y=-0.2))
     plot = LiveFigure(fig)
     bat.observe(lambda *_: plot.update(state()), names="value")
     return Live(W.VBox([bat, header, plot.widget]), plot.figure, header=header, description="MoE on the roofline")

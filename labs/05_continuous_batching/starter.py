@@ -25,6 +25,8 @@ The scheduler ``s`` (``inferlab.engine.scheduler.Scheduler``) gives you its prim
     s.admit(seq, budget, out)      waiting -> running with its first tokens scheduled; returns how
                                    many (0: no sequence slot, budget or blocks for it; nothing changed)
     out.add(seq, k)                schedule k tokens of seq in this step
+    out.scheduled                  what was scheduled so far this step (each .seq, .num_new_tokens)
+    out.preempted                  the sequences preempted so far this step (empty list: none)
     seq.num_computed_tokens        tokens of seq whose K/V are already in the cache
 
 Grade your work with `inferlab grade labs/05_continuous_batching`. Keep the names and signatures.

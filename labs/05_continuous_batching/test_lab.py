@@ -117,7 +117,17 @@ def run(model, requests, policy=None, **knobs):
     for _ in range(2000):
         if not engine.has_unfinished_requests():
             break
-        for o in engine.step():
+        try:
+            outputs = engine.step()
+        except KeyError as exc:  # the block manager knows no such sequence: say why, not just "KeyError: 5"
+            where = labkit.explain(exc).partition("\n")[2].strip()
+            raise labkit.LabError(
+                f"step {len(records)}: the KV pool holds no blocks for sequence {exc} (KeyError: {exc}). It was "
+                "preempted earlier in this step, then grown or scheduled again. A preempted sequence is in "
+                "out.preempted (the sequences preempted so far this step) and no longer in s.running: stop "
+                "scheduling it, and admit nobody once out.preempted is not empty." + (f"\n  {where}" if where else "")
+            ) from None
+        for o in outputs:
             if o.finished:
                 tokens[o.request_id] = o.outputs[0].token_ids
     return {"records": records, "tables": tables, "tokens": tokens, "engine": engine}

@@ -19,29 +19,33 @@ def _sent_figure(live):
     return output["data"]["application/vnd.plotly.v1+json"]
 
 
-def _expected_points(spec, hw, batch):
-    """The three decode steps' (intensity, FLOP/s), computed here from the spec by hand."""
+def _expected_ceilings(spec, hw, batch):
+    """The three models' decode ceilings (tokens/s) at ``batch``, computed here from the spec by hand."""
     total = spec["shared"] + spec["num_experts"] * spec["per_expert"]
     active = spec["shared"] + spec["top_k"] * spec["per_expert"]
     touched = spec["num_experts"] * (1 - (1 - spec["top_k"] / spec["num_experts"]) ** batch)
     moe_bytes = 2 * (spec["shared"] + touched * spec["per_expert"])
-    ais = [batch, 2 * active * batch / moe_bytes, batch]  # fp16 dense: 2 FLOPs per 2 bytes per token
-    return [(ai, min(hw.peak_flops, ai * hw.mem_bandwidth)) for ai in ais]
+    steps = [(2 * total * batch, 2 * total), (2 * active * batch, moe_bytes), (2 * active * batch, 2 * active)]
+    return [batch / max(b / hw.mem_bandwidth, f / hw.peak_flops) for f, b in steps]
 
 
 def test_moe_roofline_sends_its_points_from_the_first_view():
     spec, hw = moe_plots.MIXTRAL_8X7B, roofline.PRESETS["H100 SXM"]
     live = moe_plots.moe_roofline(spec, hw="H100 SXM", batch=1)
     assert not any(isinstance(w, go.FigureWidget) for w in live.widget.children)
-    for batch in (1, 64):
+    names = ["dense 46.7B", "Mixtral-8x7B (MoE)", "dense 12.9B"]
+    for batch in (1, 8, 64):
         if batch != 1:
             live.widget.children[0].value = batch
         sent = _sent_figure(live)
-        assert [t["name"] for t in sent["data"][1:]] == ["dense 46.7B", "Mixtral-8x7B (MoE)", "dense 12.9B"]
-        for trace, (ai, flops) in zip(sent["data"][1:], _expected_points(spec, hw, batch)):
-            assert trace["x"] == [pytest.approx(ai, rel=1e-6)] and trace["y"] == [pytest.approx(flops, rel=1e-6)]
-        assert sent["data"][0]["y"][-1] == hw.peak_flops  # the roof is still drawn
+        assert [t["name"] for t in sent["data"][:3]] == names
+        for curve, point, expected in zip(sent["data"][:3], sent["data"][3:], _expected_ceilings(spec, hw, batch)):
+            assert point["x"] == [batch] and point["y"] == [pytest.approx(expected, rel=1e-9)]
+            assert curve["y"][curve["x"].index(batch)] == pytest.approx(expected, rel=1e-9)
         assert f"batch {batch}:" in live.header.value
+    ceilings = {b: _expected_ceilings(spec, hw, b) for b in (1, 64)}
+    assert ceilings[1][1] == pytest.approx(ceilings[1][2])  # batch 1: the MoE reads what the small model reads
+    assert ceilings[64][1] == pytest.approx(ceilings[64][0], rel=1e-6)  # batch 64: what the large one reads
     assert "text/html" in live._repr_mimebundle_()
 
 

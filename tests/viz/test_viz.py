@@ -168,3 +168,17 @@ def test_figures_keep_the_title_clear_of_the_mode_bar():
     assert fig.layout.margin.t > viz.figures.MODEBAR_PX + 20
     for axis in (fig.layout.xaxis, fig.layout.yaxis):
         assert axis.type == "log" and axis.dtick == 1 and axis.exponentformat == "SI"
+
+
+def test_figure_ids_and_summary_ignore_float_noise_but_not_structure():
+    """The snapshot's id and the text/plain summary nbval compares depend on structure only."""
+    def fig(y, name="share"):
+        return go.Figure(go.Bar(x=["a", "b"], y=y, name=name), layout=dict(title="t", yaxis_type="log"))
+
+    stem = lambda f: re.search(r'id="(inferlab-fig-[0-9a-f]{10})-\d+"', viz.figure_html(f)).group(1)  # noqa: E731
+    a, b = fig([0.35786879853252973, 0.2]), fig([0.3578686278874295, 0.2])
+    assert stem(a) == stem(b) and viz.figure_summary(a) == viz.figure_summary(b)
+    renamed = fig([0.35786879853252973, 0.2], name="shares")
+    assert stem(renamed) != stem(a) and viz.figure_summary(renamed) != viz.figure_summary(a)
+    assert viz.figure_summary(a) == "plotly figure: t\n  yaxis: log\n  bar 'share': 2 points"
+    assert viz.show(a)._repr_mimebundle_()["text/plain"] == viz.figure_summary(a)
