@@ -49,12 +49,19 @@ def random_model_path(name: str) -> Path:
 
 @torch.no_grad()
 def build(name: str, folder: Path) -> Path:
-    from inferlab.config import ModelConfig
-    from inferlab.loader import ASSETS, load_config, save_checkpoint
-    from inferlab.model import CausalLM
-    from inferlab.tokenizer import Tokenizer
+    """Write the random model as an HF folder (config, safetensors, the target's tokenizer files),
+    atomically. Written here rather than with the loader's ``save_checkpoint``: the loader resolves
+    random names through this module, and the import graph stays a tree."""
+    import json
 
-    raw = load_config(ASSETS / "target").to_hf_dict()  # vocabulary, special tokens, norms, RoPE
+    from safetensors.torch import save_file
+
+    from inferlab.config import ModelConfig
+    from inferlab.folders import atomic_folder
+    from inferlab.model import CausalLM
+
+    target = Path(__file__).parent / "assets" / "models" / "target"
+    raw = ModelConfig.from_file(target / "config.json").to_hf_dict()  # vocabulary, special tokens, norms, RoPE
     raw.update(SHAPES[name], tie_word_embeddings=True, torch_dtype="float32")
     model = CausalLM(ModelConfig.from_dict(raw))
     gen = torch.Generator().manual_seed(SEED)
@@ -63,8 +70,13 @@ def build(name: str, folder: Path) -> Path:
             p.fill_(1.0)
         else:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    tok = Tokenizer.from_file(ASSETS / "target" / "tokenizer.json")
     note = NOTE.format(seed=SEED)
-    tok_cfg = (ASSETS / "target" / "tokenizer_config.json").read_text()
-    return save_checkpoint(model, tok, folder, extra_files={"RANDOM_WEIGHTS": note, "README.md": f"# {name}\n\n{note}",
-                                                            "tokenizer_config.json": tok_cfg})
+    with atomic_folder(folder) as tmp:
+        state = {k: v.contiguous() for k, v in model.checkpoint_state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+        for fname in ("tokenizer.json", "tokenizer_config.json"):
+            (tmp / fname).write_bytes((target / fname).read_bytes())
+        (tmp / "RANDOM_WEIGHTS").write_text(note)
+        (tmp / "README.md").write_text(f"# {name}\n\n{note}")
+    return folder

@@ -15,6 +15,8 @@ also compiles the quantized kernels): a shared machine makes absolute times nois
 from __future__ import annotations
 
 import argparse
+
+from inferlab.cli import HelpFormatter
 import importlib.util
 import json
 import tempfile
@@ -220,14 +222,15 @@ def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 16, re
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", default=",".join(MODELS), help="comma-separated: embedded names, random-80m, folders")
-    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated weight formats to time")
     p.add_argument("--new-tokens", type=int, default=None, help="default 64 (16 with --sampler)")
     p.add_argument("--repeats", type=int, default=None, help="default 3 (7 with --sampler)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--sampler", action="store_true", help="sampled vs greedy decode at batch 32 instead")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     args = p.parse_args(argv)
     if args.new_tokens is None:
         args.new_tokens = 16 if args.sampler else 64

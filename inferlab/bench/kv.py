@@ -19,6 +19,8 @@ sequence. A second run with prefix caching on reports how much the shared system
 from __future__ import annotations
 
 import argparse
+
+from inferlab.cli import HelpFormatter
 import json
 import random
 from dataclasses import dataclass
@@ -144,12 +146,12 @@ def run(num_requests: int = 200, block_size: int = 16, max_model_len: int = 2048
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench kv", description=__doc__.split("\n")[0])
-    p.add_argument("--num-requests", type=int, default=200)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(prog="inferlab bench kv", description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--num-requests", type=int, default=200, help="requests in the replayed workload")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--max-model-len", type=int, default=2048, help="slots a contiguous cache reserves per sequence")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload's prompt and output lengths")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)
     r = run(a.num_requests, a.block_size, a.max_model_len, a.max_num_seqs, a.seed)

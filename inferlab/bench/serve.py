@@ -15,6 +15,8 @@ server (``inferlab serve``, vLLM, SGLang) and timed from the client (``serve_cli
 from __future__ import annotations
 
 import argparse
+
+from inferlab.cli import HelpFormatter
 import json
 import math
 import random
@@ -141,20 +143,21 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="inferlab bench serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="inferlab bench serve", description=__doc__.splitlines()[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", default="target", help="offline: the model to load; --url: the served name "
                    "(default: the first the server lists)")
     p.add_argument("--url", default=None, help="benchmark the OpenAI-compatible server at http://HOST:PORT instead")
-    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--num-requests", type=int, default=64, help="requests in the workload")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals per second (default inf: all at once)")
-    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=16, help="offline: sequences one engine step may run")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="offline: a smaller KV pool preempts more")
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-prefix-caching", action="store_true", help="offline: turn the prefix cache off")
     p.add_argument("--repeats", type=int, default=3, help="offline: best of this many runs per policy")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts, lengths, arrivals)")
+    p.add_argument("--device", default=None, help="offline: cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if args.num_requests < 1 or args.max_num_seqs < 1 or args.repeats < 1:
         p.error("--num-requests, --max-num-seqs and --repeats must be >= 1")
