@@ -1,10 +1,12 @@
 """``LLMEngine``: requests in, one scheduler step at a time, outputs out (vLLM's LLMEngine).
 
     add_request(id, prompt, params) -> waiting queue
-    step():  scheduler picks sequences and token counts  (scheduler.py, policy.py)
+    step():  [speculative] each decoding sequence gets guesses (spec_token_ids) from the proposer
+             scheduler picks sequences and token counts  (scheduler.py, policy.py)
              model runner runs one ragged forward          (model_runner.py, attention/paged.py)
-             sampler draws a token for every sequence whose tokens are all computed
-             finished sequences free their KV blocks       (block_manager.py)
+             sampler draws a token for every sequence whose tokens are all computed; with
+             guesses, the verifier keeps a prefix of them and adds one (spec/rejection.py)
+             rejected guesses are rolled back, finished sequences free their KV blocks
              -> the RequestOutputs of this step (with text deltas, for streaming)
 
 ``LLM.generate``, the CLI and the benchmarks all run on this loop; ``inferlab.generate`` keeps the
@@ -25,7 +27,8 @@ from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.sampling import SamplingParams, make_generator, sample
+from inferlab.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
 class LLMEngine:
@@ -38,12 +41,17 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
+        spec = c.speculative_config
+        self.proposer = spec.make_proposer() if spec is not None else None
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generation_tokens": 0,
                          "num_finished_requests": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                         "prefill_tokens": 0, "decode_tokens": 0}
+                         "prefill_tokens": 0, "decode_tokens": 0,
+                         # vLLM's spec-decode counters: verify steps with guesses, guesses, guesses kept
+                         "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
+                         "spec_decode_num_accepted_tokens": 0}
         self.step_hooks: list = []  # optional observers: hook(engine, record) after each step (step_record)
 
     # ---- requests -----------------------------------------------------------------------------
@@ -100,6 +108,7 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._propose()
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.running or self.scheduler.waiting:
@@ -111,46 +120,96 @@ class LLMEngine:
         inputs = []
         for s in out.scheduled:
             seq, c = s.seq, s.seq.num_computed_tokens
-            inputs.append(SeqInput(seq.token_ids(c, c + s.num_new_tokens), c,
+            inputs.append(SeqInput(seq.token_ids(c, c + s.num_new_tokens), c,  # guesses included
                                    self.block_manager.block_table(seq.seq_id)))
             m = self.requests[seq.request_id].metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
-        num_decodes = sum(1 for s in out.scheduled if _is_decode(s.seq, s.num_new_tokens))
-        num_prefill = out.num_batched_tokens - num_decodes
-        logits = self.runner.execute(inputs, out.copies)
-        self.scheduler.update_from_output(out)  # K/V written: computed counts advance, full blocks named
-        rows, ready = [], []
-        for j, s in enumerate(out.scheduled):
-            seq = s.seq
-            if seq.num_computed_tokens == seq.num_tokens:  # its last token computed: sample the next
-                rows.append(j)
-                ready.append(seq)
-        touched = {}
-        if ready:
-            sel = logits if len(rows) == len(out.scheduled) else logits[rows]
-            tokens = sample(sel, [s.params for s in ready], [s.generator for s in ready]).tolist()
-            now = time.monotonic()
-            for row, seq, tok in zip(rows, ready, tokens):
-                if seq.num_pending_forks:
-                    self._fork(seq, logits[row], now, touched)
+        is_decode = [_is_decode(s.seq, s.num_committed) for s in out.scheduled]
+        num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
+        num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
+        logits = self.runner.execute(inputs, out.copies, num_logits=num_logits)  # [sum(num_logits), V]
+        starts = [0]
+        for n in num_logits:
+            starts.append(starts[-1] + n)
+        ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
+                 if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
+        emitted = self._verify(out, ready, logits, starts)
+        # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
+        self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
+                                                for j in range(len(out.scheduled))])
+        touched, decoded = {}, 0
+        now = time.monotonic()
+        for j in ready:
+            seq = out.scheduled[j].seq
+            if seq.num_pending_forks:
+                self._fork(seq, logits[starts[j]], now, touched)
+            for tok in emitted[j]:  # one by one: stop partway exactly where plain decoding would
                 self._append(seq, tok, now, touched)
-        self._account(num_prefill, num_decodes, time.perf_counter() - t0)
+                decoded += is_decode[j]
+                if seq.is_finished:
+                    break
+        self._account(num_prefill, decoded, time.perf_counter() - t0)
         if record is not None:
             record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])
             for hook in self.step_hooks:
                 hook(self, record)
         return [self._output(req) for req in touched.values() if req.stream or req.finished]
 
+    def _propose(self) -> None:
+        """Speculative decoding: each decoding sequence guesses its next tokens (never more than
+        it may still emit after the token the verify step adds); the others guess nothing."""
+        if self.proposer is None:
+            return
+        for seq in self.scheduler.running:
+            room = seq.params.max_tokens - len(seq.output_token_ids) - 1
+            if seq.is_decoding and room > 0:
+                seq.spec_token_ids = self.proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
+            else:
+                seq.spec_token_ids = []
+
+    def _verify(self, out, ready: list[int], logits: torch.Tensor, starts: list[int]) -> dict[int, list[int]]:
+        """The tokens each ready sequence emits: with no guesses, one sampled token as in plain
+        decoding; with guesses, the verifier's accepted prefix plus one (greedy: argmax match;
+        sampled: exact rejection sampling on the request's p, deterministic-draft rule)."""
+        emitted: dict[int, list[int]] = {}
+        greedy = [j for j in ready if out.scheduled[j].seq.params.greedy]
+        if greedy:
+            best = logits.argmax(-1)
+            rows = [r for j in greedy for r in range(starts[j], starts[j + 1])]
+            for j, toks in zip(greedy, greedy_verify([out.scheduled[j].spec_token_ids for j in greedy], best[rows])):
+                emitted[j] = toks
+        plain = [j for j in ready if j not in emitted and not out.scheduled[j].spec_token_ids]
+        if plain:
+            seqs = [out.scheduled[j].seq for j in plain]
+            toks = sample(logits[[starts[j] for j in plain]], [s.params for s in seqs], [s.generator for s in seqs])
+            emitted.update({j: [t] for j, t in zip(plain, toks.tolist())})
+        spec = [j for j in ready if j not in emitted]
+        if spec:
+            seqs = [out.scheduled[j].seq for j in spec]
+            p = torch.cat([probs_from_logits(logits[starts[j]:starts[j + 1]], s.params) for j, s in zip(spec, seqs)])
+            toks = rejection_sample([out.scheduled[j].spec_token_ids for j in spec], p, None, [s.generator for s in seqs])
+            emitted.update(zip(spec, toks))
+        c = self.counters
+        for j in ready:
+            k = len(out.scheduled[j].spec_token_ids)
+            if k:
+                c["spec_decode_num_drafts"] += 1
+                c["spec_decode_num_draft_tokens"] += k
+                c["spec_decode_num_accepted_tokens"] += len(emitted[j]) - 1
+        return emitted
+
     def step_record(self, out) -> dict:
         """Plain data about the step being run, for traces and plots: each scheduled sequence's
-        request, first position and token count, and whether it is a (chunk of a) prefill or a decode."""
+        request, first position and token count (its speculative guesses among them), and whether
+        it is a (chunk of a) prefill or a decode."""
         rows = []
         for s in out.scheduled:
             seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            decode = _is_decode(seq, k)
+            decode = _is_decode(seq, s.num_committed)
             rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
+                         "num_spec_tokens": len(s.spec_token_ids),
                          "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
                          "chunk": not decode and (start > 0 or start + k < seq.num_tokens)})
         return {"step": self.counters["num_steps"], "scheduled": rows, "num_batched_tokens": out.num_batched_tokens,
@@ -185,7 +244,8 @@ class LLMEngine:
 
     def _account(self, prefill: int, decodes: int, seconds: float) -> None:
         """A step with any prefill token (a 1-token prompt's included) counts as prefill time;
-        a step of decodes only (each computes the token sampled last) as decode time."""
+        a step of decodes only (each computes the token sampled last) as decode time, and
+        ``decodes`` counts the tokens they emitted (more than one each when guesses are kept)."""
         c = self.counters
         c["num_steps"] += 1
         c["num_prompt_tokens"] += prefill

@@ -3,8 +3,9 @@
 The scheduler says, for each sequence, how many of its tokens to compute now. The runner turns
 that into the flat layout of ``inferlab.attention.paged`` (input_ids, positions, slot_mapping,
 block_tables, context lengths), runs the model once over every sequence's new tokens, and returns
-the logits of each sequence's last new token (or of every new token, for speculative
-verification). Decodes (one new token) go first so attention can batch them.
+the logits of each sequence's last new token, or of its last 1 + k new tokens when k of them are
+speculative guesses to verify (vLLM's ``SpecDecodeMetadata``: one flat tensor, sequence after
+sequence, in the caller's order). Decodes (one new token) go first so attention can batch them.
 """
 from __future__ import annotations
 
@@ -80,9 +81,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),
-                all_logits: bool = False):
+                all_logits: bool = False, num_logits: list[int] | None = None):
         """Run one forward. Returns logits [B, V] of each sequence's last new token, in the order
-        of ``seqs``; with ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
+        of ``seqs``; with ``num_logits``, [sum(num_logits), V]: the last ``num_logits[i]`` rows of
+        sequence i, sequence after sequence (speculative verification: 1 + k rows each); with
+        ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
         self.kv_cache.copy_blocks(list(copies))  # copy-on-write before anyone writes
         input_ids, meta, last, order = self.prepare(seqs)
         if all_logits:
@@ -94,4 +97,21 @@ class ModelRunner:
             for j, i in enumerate(order):
                 rows[i] = logits[cu[j]:cu[j + 1]]
             return rows
+        if num_logits is not None and any(n != 1 for n in num_logits):
+            last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
         return self.model(input_ids, meta, logits_indices=last)[0]
+
+
+def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device) -> torch.Tensor:
+    """Rows of the flat forward holding the last ``num_logits[i]`` new tokens of each sequence i
+    (``query_lens`` in batch order, ``order[j]`` = the caller's index of batch position j)."""
+    end, ends = 0, [0] * len(order)
+    for j, q in enumerate(query_lens):
+        end += q
+        ends[order[j]] = end
+    rows = []
+    for i, n in enumerate(num_logits):
+        if not 1 <= n:
+            raise ValueError(f"sequence {i}: num_logits must be >= 1, got {n}")
+        rows += range(ends[i] - n, ends[i])
+    return torch.tensor(rows, device=device)
