@@ -113,23 +113,41 @@ def test_seeded_sampling_is_reproducible(target):
         [o.token_ids for o in runs[0][0]]
 
 
+def test_sampled_tokens_stay_inside_the_requests_distribution(target):
+    """Top-k 3 at temperature 1: whatever the guesses were, every emitted token is one of the
+    target's 3 best at its position (a kept rejected guess would fall outside)."""
+    model, tok = target
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=40, seed=0, ignore_eos=True)
+    outs, engine = run(target, PROMPTS[:3], params, speculative_config={"method": "ngram", "num_speculative_tokens": 5})
+    c = engine.counters
+    assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
+    for prompt, out in zip(PROMPTS, outs):
+        ids = tok.encode(prompt)
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids + out.token_ids]))[0, len(ids) - 1:-1]
+        top = logits.topk(3, -1).indices
+        assert all(t in row for t, row in zip(out.token_ids, top.tolist()))
+
+
 def test_guesses_never_starve_a_running_sequence(target):
     """A budget of one token per sequence leaves no room for guesses: every step still decodes
     every running sequence, and the output is plain decoding's."""
     model, tok = target
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    knobs = dict(max_num_seqs=4, max_num_batched_tokens=4, enable_chunked_prefill=True)
-    want, _ = run(target, PROMPTS[:4], params, **knobs)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompts = [PROMPTS[4], PROMPTS[0], PROMPTS[2]]
+    knobs = dict(max_num_seqs=3, max_num_batched_tokens=4, enable_chunked_prefill=True)
+    want, _ = run(target, prompts, params, **knobs)
     engine = make_engine(target, speculative_config=NGRAM, **knobs)
-    for i, p in enumerate(PROMPTS[:4]):
+    for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
     finals = {}
     while engine.has_unfinished_requests():
-        decoding = [s for s in engine.scheduler.running if s.is_decoding]
+        decoding = [(s, len(s.output_token_ids)) for s in engine.scheduler.running if s.is_decoding]
         for out in engine.step():
             finals[out.request_id] = out
-        assert all(s.num_computed_tokens == s.num_tokens - 1 or s.is_finished for s in decoding)
-    assert [finals[str(i)].outputs[0].token_ids for i in range(4)] == [w.token_ids for w in want]
+        assert all(len(s.output_token_ids) > n for s, n in decoding)  # each one decoded this step
+    assert [finals[str(i)].outputs[0].token_ids for i in range(3)] == [w.token_ids for w in want]
+    assert engine.counters["spec_decode_num_drafts"] > 0  # a sequence alone got guesses
 
 
 def test_budget_left_over_goes_to_guesses_oldest_first(target):
