@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from inferlab.attention.paged import PagedAttentionMetadata
+from inferlab.attention.paged import MULTI_QUERY_MAX, PagedAttentionMetadata
 from inferlab.cache.paged import PagedKVCache
 
 
@@ -39,7 +39,9 @@ class ModelRunner:
         All the int vectors travel to the device as one tensor (one copy, then views): on a
         small model a step is short enough for eight separate host-to-device tensors to show.
         """
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)  # stable: decodes first
+        # stable: decodes first, then the short multi-query ones (speculative verifies), then the rest
+        ranks = [_rank(len(s.token_ids), s.num_computed) for s in seqs]
+        order = sorted(range(len(seqs)), key=lambda i: ranks[i])
         bs = self.block_size
         ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
         for i in order:
@@ -76,7 +78,8 @@ class ModelRunner:
         meta = PagedAttentionMetadata(
             positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
             block_tables=parts[5].view(b, width), context_lens=parts[3], query_lens=q_lens,
-            context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1))
+            context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1),
+            num_multi_query=ranks.count(1))
         return parts[0][None], meta, parts[4], order
 
     @torch.inference_mode()
@@ -100,6 +103,12 @@ class ModelRunner:
         if num_logits is not None and any(n != 1 for n in num_logits):
             last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
         return self.model(input_ids, meta, logits_indices=last)[0]
+
+
+def _rank(q_len: int, num_computed: int) -> int:
+    """Where a sequence goes in the batch: 0 decode, 1 a few queries over a cached context (a
+    speculative verify, a short chunk), 2 a prompt or a long chunk (one SDPA call each)."""
+    return 0 if q_len == 1 else 1 if q_len <= MULTI_QUERY_MAX and num_computed > 0 else 2
 
 
 def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device) -> torch.Tensor:
