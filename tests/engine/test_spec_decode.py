@@ -192,3 +192,22 @@ def test_llm_takes_vllm_shaped_config(target):
                                                                           ignore_eos=True))[0]
     assert out.outputs[0].token_ids == plain.outputs[0].token_ids
     assert isinstance(llm.llm_engine, LLMEngine) and llm.llm_engine.counters["spec_decode_num_drafts"] > 0
+
+
+def test_generate_cli_speculative_config(capsys):
+    import json
+
+    from inferlab.generate_cli import main
+
+    args = ["def fib(n):\n", "--max-tokens", "30", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["spec_decode_num_drafts"] > 0
+    for bad, words in [("{method: ngram}", "not valid JSON"), ('{"method": "x", "num_speculative_tokens": 3}',
+                                                                "unknown speculative method")]:
+        with pytest.raises(SystemExit):
+            main(args + ["--speculative-config", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert words in err[-1]
