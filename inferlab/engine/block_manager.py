@@ -214,6 +214,17 @@ class BlockManager:
         if table and num_tokens % bs:
             del self.blocks[table[-1]].token_ids[num_tokens % bs:]
 
+    def rewrite(self, seq_id: int, start: int, token_ids: list[int]) -> None:
+        """Record the ids of reserved, unnamed slots from ``start`` on: a draft model's guesses,
+        known only after the scheduler reserved their slots."""
+        tokens, bs = self._tokens[seq_id], self.block_size
+        if start < len(self._hashes[seq_id]) * bs or start + len(token_ids) > len(tokens):
+            raise ValueError(f"sequence {seq_id}: slots {start}..{start + len(token_ids)} are not reserved and unnamed")
+        table = self._tables[seq_id]
+        for p, t in enumerate(token_ids, start):
+            tokens[p] = t
+            self.blocks[table[p // bs]].token_ids[p % bs] = t
+
     def cache_blocks(self, seq_id: int, num_computed_tokens: int) -> None:
         """The K/V of the sequence's first ``num_computed_tokens`` tokens is written: name every
         full block below that line, so later prompts with this prefix find it (prefix caching)."""

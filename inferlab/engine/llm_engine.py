@@ -23,6 +23,7 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
+from inferlab.engine.draft import DraftProposer
 from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
@@ -42,7 +43,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
         spec = c.speculative_config
-        self.proposer = spec.make_proposer() if spec is not None else None
+        self.proposer = spec.make_proposer() if spec is not None and spec.method == "ngram" else None
+        self.draft = None
+        if spec is not None and spec.method == "draft":
+            from inferlab.loader import load_checkpoint
+            draft, _ = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
+            self.draft = DraftProposer(draft, model, c.num_kv_blocks, c.block_size)
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -117,6 +123,7 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         now = time.monotonic()
+        draft_probs = self.draft.propose(out, self.block_manager) if self.draft is not None else {}
         inputs = []
         for s in out.scheduled:
             seq, c = s.seq, s.seq.num_computed_tokens
@@ -135,7 +142,7 @@ class LLMEngine:
             starts.append(starts[-1] + n)
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
-        emitted = self._verify(out, ready, logits, starts)
+        emitted = self._verify(out, ready, logits, starts, draft_probs)
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
         self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
                                                 for j in range(len(out.scheduled))])
@@ -159,17 +166,23 @@ class LLMEngine:
 
     def _propose(self) -> None:
         """Speculative decoding: each decoding sequence guesses its next tokens (never more than
-        it may still emit after the token the verify step adds); the others guess nothing."""
-        if self.proposer is None:
+        it may still emit after the token the verify step adds); the others guess nothing. A
+        draft model guesses after scheduling (its guesses' K/V need the reserved slots): here
+        its sequences only reserve k places."""
+        if self.proposer is None and self.draft is None:
             return
+        k = self.config.speculative_config.num_speculative_tokens
         for seq in self.scheduler.running:
-            room = seq.params.max_tokens - len(seq.output_token_ids) - 1
-            if seq.is_decoding and room > 0:
-                seq.spec_token_ids = self.proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
-            else:
+            room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+            if not seq.is_decoding or room <= 0:
                 seq.spec_token_ids = []
+            elif self.draft is not None:  # slots reserved now, filled by the draft once scheduled
+                seq.spec_token_ids = [0] * room
+            else:
+                seq.spec_token_ids = self.proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
 
-    def _verify(self, out, ready: list[int], logits: torch.Tensor, starts: list[int]) -> dict[int, list[int]]:
+    def _verify(self, out, ready: list[int], logits: torch.Tensor, starts: list[int],
+                draft_probs: dict | None = None) -> dict[int, list[int]]:
         """The tokens each ready sequence emits: with no guesses, one sampled token as in plain
         decoding; with guesses, the verifier's accepted prefix plus one (greedy: argmax match;
         sampled: exact rejection sampling on the request's p, deterministic-draft rule)."""
@@ -189,7 +202,8 @@ class LLMEngine:
         if spec:
             seqs = [out.scheduled[j].seq for j in spec]
             p = torch.cat([probs_from_logits(logits[starts[j]:starts[j + 1]], s.params) for j, s in zip(spec, seqs)])
-            toks = rejection_sample([out.scheduled[j].spec_token_ids for j in spec], p, None, [s.generator for s in seqs])
+            q = torch.cat([draft_probs[j] for j in spec]) if draft_probs else None  # n-gram: no q
+            toks = rejection_sample([out.scheduled[j].spec_token_ids for j in spec], p, q, [s.generator for s in seqs])
             emitted.update(zip(spec, toks))
         c = self.counters
         for j in ready:

@@ -35,6 +35,7 @@ class EngineSequence(Sequence):
     generator: torch.Generator | None = None
     sent_tokens: int = 0
     spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # guesses to verify this step
+    draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__
 

@@ -1,6 +1,7 @@
 """``speculative_config``: how the engine speculates, in vLLM's shape, checked with one-line errors.
 
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    {"model": "draft", "num_speculative_tokens": 4}      (method "draft": a smaller model guesses)
 
 ``num_speculative_tokens`` (k) is how many guesses each decoding sequence gets per step; every
 guess costs a query row in the verify forward whether it is kept or not, so k is capped.
@@ -12,7 +13,7 @@ import dataclasses
 from inferlab.spec.ngram import NgramProposer
 
 MAX_SPECULATIVE_TOKENS = 16
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    model: str | None = None  # the draft model (method "draft"): an embedded name or an HF folder
 
     @classmethod
     def from_dict(cls, d: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
@@ -31,13 +33,15 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config must be a dict such as {{'method': 'ngram', "
                              f"'num_speculative_tokens': 3}}, got {type(d).__name__}")
         d = dict(d)
-        if "model" in d and "method" not in d:
-            if d["model"] in ("ngram", "[ngram]"):  # vLLM's older spelling
-                d["method"] = "ngram"
-                del d["model"]
-            else:
-                raise ValueError(f"speculative_config model={d['model']!r}: a draft model is not supported by the "
-                                 "engine yet: use inferlab.spec.reference (or method='ngram')")
+        if d.get("model") in ("ngram", "[ngram]"):  # vLLM's older spelling
+            d.setdefault("method", "ngram")
+            del d["model"]
+        if "model" in d:
+            if d.setdefault("method", "draft") in ("draft_model", "draft"):  # vLLM calls it draft_model
+                d["method"] = "draft"
+        elif d.get("method") in ("draft", "draft_model"):
+            raise ValueError("the draft method needs a model, e.g. {'model': 'draft', 'num_speculative_tokens': 4}")
+        model = d.pop("model", None)
         method = d.pop("method", None)
         if method not in METHODS:
             raise ValueError(f"unknown speculative method {method!r}: choose one of {', '.join(METHODS)}")
@@ -46,6 +50,13 @@ class SpeculativeConfig:
         k = d.pop("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        if method == "draft":
+            if d:
+                raise ValueError(f"unknown speculative_config keys {sorted(d)}: the draft method takes "
+                                 "model and num_speculative_tokens")
+            return cls(method, k, model=str(model))
+        if model is not None:
+            raise ValueError(f"the ngram method uses no model, got model={model!r}: drop it, or use method 'draft'")
         lo, hi = d.pop("prompt_lookup_min", 1), d.pop("prompt_lookup_max", 3)
         if d:
             raise ValueError(f"unknown speculative_config keys {sorted(d)}: the ngram method takes "

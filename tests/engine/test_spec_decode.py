@@ -9,6 +9,7 @@ import torch
 
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
+from inferlab.engine.model_runner import SeqInput
 from inferlab.sampling import SamplingParams
 from inferlab.spec.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 
@@ -28,7 +29,11 @@ def run(pair, prompts, params, **knobs):
     return [finals[str(i)].outputs[0] for i in range(len(prompts))], engine
 
 
-def test_greedy_equals_plain_under_every_knob(target):
+DRAFT = {"model": "draft", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("spec_config", [NGRAM, DRAFT], ids=["ngram", "draft"])
+def test_greedy_equals_plain_under_every_knob(target, spec_config):
     """Mixed prompt lengths, chunked prefill (a 24-token budget splits the long prompts), prefix
     caching (shared heads) and preemption (a pool too small for all six): same tokens as plain."""
     model, tok = target
@@ -36,7 +41,7 @@ def test_greedy_equals_plain_under_every_knob(target):
     knobs = dict(block_size=8, num_kv_blocks=16, max_num_batched_tokens=24, max_num_seqs=6,
                  enable_chunked_prefill=True, enable_prefix_caching=True)
     want, plain = run(target, PROMPTS, params, **knobs)
-    got, spec = run(target, PROMPTS, params, speculative_config=NGRAM, **knobs)
+    got, spec = run(target, PROMPTS, params, speculative_config=spec_config, **knobs)
     for p, g, w in zip(PROMPTS, got, want):
         assert same_greedy(model, tok.encode(p), g.token_ids, w.token_ids)
     c = spec.counters
@@ -46,13 +51,15 @@ def test_greedy_equals_plain_under_every_knob(target):
     assert c["num_steps"] < plain.counters["num_steps"]
 
 
-def test_rollback_leaves_the_cache_of_a_clean_run(target):
+@pytest.mark.parametrize("spec_config", [{"method": "ngram", "num_speculative_tokens": 5},
+                                         {"model": "draft", "num_speculative_tokens": 4}], ids=["ngram", "draft"])
+def test_rollback_leaves_the_cache_of_a_clean_run(target, spec_config):
     """After every step, each running sequence holds exactly its computed tokens (rejected slots
     given back, blocks left empty freed), and the K/V of all its computed positions equals a
-    plain prefill of those tokens, in every layer."""
+    plain prefill of those tokens, in every layer (the draft model's cache too)."""
     model, tok = target
     engine = make_engine(target, block_size=4, num_kv_blocks=64, enable_prefix_caching=True,
-                         speculative_config={"method": "ngram", "num_speculative_tokens": 5})
+                         speculative_config=spec_config)
     for i, p in enumerate(PROMPTS[:3]):
         engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
     bm, bs, checked = engine.block_manager, engine.config.block_size, 0
@@ -63,6 +70,8 @@ def test_rollback_leaves_the_cache_of_a_clean_run(target):
         for seq in engine.scheduler.running:
             n = seq.num_computed_tokens
             assert bm.num_tokens(seq.seq_id) == n and len(bm.block_table(seq.seq_id)) == -(-n // bs)
+            recorded = [t for b in bm.block_table(seq.seq_id) for t in bm.blocks[b].token_ids]
+            assert recorded == seq.token_ids(0, n)  # what prefix caching will name: the kept tokens
             if rejected > before and seq.is_decoding:  # a rollback just happened: compare with a clean run
                 assert_cache_equals_clean_run(engine, seq, target)
                 checked += 1
@@ -82,6 +91,20 @@ def assert_cache_equals_clean_run(engine, seq, pair):
         ck, cv = clean.kv_cache.gather(layer, ctable, n)
         torch.testing.assert_close(k, ck, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, cv, atol=1e-4, rtol=1e-4)
+    if engine.draft is not None:  # the draft's K/V of the tokens it saw: those of a clean draft prefill
+        from inferlab.engine.draft import DraftProposer
+
+        seen = min(seq.draft_num_computed, n)
+        draft = engine.draft.model
+        ids = torch.tensor([seq.token_ids(0, seen)])
+        clean_draft = DraftProposer(draft, engine.model, 64, 4)
+        clean_draft.runner.execute([SeqInput(seq.token_ids(0, seen), 0, ctable.tolist())])
+        for layer in range(draft.config.num_hidden_layers):
+            k, v = engine.draft.kv_cache.gather(layer, table, seen)
+            ck, cv = clean_draft.kv_cache.gather(layer, ctable, seen)
+            torch.testing.assert_close(k, ck, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, cv, atol=1e-4, rtol=1e-4)
+        assert ids.shape[1] == seen >= n - 1  # the draft is at most the last kept guess behind
 
 
 def model_layers(engine) -> int:
@@ -170,7 +193,8 @@ def test_budget_left_over_goes_to_guesses_oldest_first(target):
     ({"method": "ngram"}, "needs num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0}, "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookup": 3}, "unknown speculative_config keys"),
-    ({"model": "draft", "num_speculative_tokens": 4}, "not supported by the engine yet"),
+    ({"method": "draft", "num_speculative_tokens": 4}, "needs a model"),
+    ({"method": "ngram", "model": "draft", "num_speculative_tokens": 4}, "uses no model"),
     ("ngram", "must be a dict"),
 ])
 def test_bad_speculative_config_fails_in_one_line(target, bad, words):
@@ -178,6 +202,14 @@ def test_bad_speculative_config_fails_in_one_line(target, bad, words):
     with pytest.raises(ValueError, match=words) as e:
         EngineConfig(speculative_config=bad).resolve(model.config, model.dtype, model.device)
     assert "\n" not in str(e.value)
+
+
+def test_draft_with_another_vocabulary_is_refused(target, tmp_path):
+    from core.checkpoints import save_variant
+
+    save_variant("llama_gqa", tmp_path)
+    with pytest.raises(ValueError, match="the draft's vocabulary .* differs from the target's"):
+        make_engine(target, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
 
 
 def test_llm_takes_vllm_shaped_config(target):
