@@ -8,8 +8,8 @@ length, the draft's cost c (one draft forward over one target forward), the veri
 (1 - a^(k+1)) / ((1 - a)(k c + v)). ``outputs_identical`` checks every output against plain
 decoding. The first table runs the contiguous reference loop (``inferlab.spec.reference``).
 
-The second (``engine``) runs n-gram speculation as a mode of the engine's step at batch sizes 1, 4
-and 16: the same held-out prompts, all submitted at once, against the engine without speculation
+The second (``engine``) runs speculation (n-gram and the draft model) as a mode of the engine's
+step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
 (same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved;
 as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
 it, so speculation pays less (vLLM's blog reports slowdowns at high load).
@@ -129,8 +129,9 @@ def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, 
 
 
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
-                 new_tokens: int = 64, repeats: int = 2) -> list[dict]:
-    """n-gram speculation through the engine against the engine without it, per batch size and k."""
+                 new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft") -> list[dict]:
+    """Speculation through the engine against the engine without it, per batch size, method and k."""
+    runs = [(m, k) for m in methods for k in ks]
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = held_out_prompts(tok, max(batch_sizes), prompt_tokens)
     rows = []
@@ -142,16 +143,17 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         for _ in range(repeats):
             dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None)
             plain_s = min(plain_s, dt)
-            for k in ks:
-                spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+            for method, k in runs:
+                spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4} if method == "ngram"
+                        else {"model": draft, "num_speculative_tokens": k})
                 dt, outs, c = _engine_run(model, tok, prompts, params, spec)
-                if dt < best.get(k, (float("inf"),))[0]:
-                    best[k] = (dt, outs, c)
-        for k in ks:
-            dt, outs, c = best[k]
+                if dt < best.get((method, k), (float("inf"),))[0]:
+                    best[(method, k)] = (dt, outs, c)
+        for method, k in runs:
+            dt, outs, c = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
                                           c["spec_decode_num_accepted_tokens"])
-            rows.append({"batch_size": len(prompts), "method": "ngram", "num_speculative_tokens": k,
+            rows.append({"batch_size": len(prompts), "method": method, "num_speculative_tokens": k,
                          "baseline_tokens_per_s": len(prompts) * new_tokens / plain_s,
                          "tokens_per_s": len(prompts) * new_tokens / dt, "speedup": plain_s / dt,
                          "acceptance_rate": accepted / max(proposed, 1),
@@ -179,7 +181,7 @@ def main(argv: list[str]) -> int:
     if args.batch_sizes:
         model, tok = load_checkpoint(args.target, device="cpu")
         res["engine"] = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens,
-                                     args.repeats)
+                                     args.repeats, draft=args.draft)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -191,11 +193,11 @@ def main(argv: list[str]) -> int:
               f"{r['predicted_speedup']:8.2f}x {r['acceptance_rate']:5.2f} {r['mean_acceptance_length']:5.2f} "
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
     if res.get("engine"):
-        print("\nthe engine, n-gram speculation against the engine without it (greedy, all prompts at once)")
-        print(f"{'batch':>5} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'a':>5} {'len':>5} "
+        print("\nthe engine, speculation against the engine without it (greedy, all prompts at once)")
+        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'a':>5} {'len':>5} "
               f"{'steps':>11} same")
         for r in res["engine"]:
-            print(f"{r['batch_size']:>5} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
+            print(f"{r['batch_size']:>5} {r['method']:8} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
                   f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['acceptance_rate']:5.2f} "
                   f"{r['mean_acceptance_length']:5.2f} {r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
     return 0

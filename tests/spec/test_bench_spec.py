@@ -25,7 +25,7 @@ def test_engine_table_small_run():
 
     model, tok = load_checkpoint("target", device="cpu")
     rows = spec.engine_table(model, tok, ks=(2,), batch_sizes=(1, 2), prompt_tokens=32, new_tokens=8, repeats=1)
-    assert [(r["batch_size"], r["num_speculative_tokens"]) for r in rows] == [(1, 2), (2, 2)]
+    assert [(r["batch_size"], r["method"]) for r in rows] == [(1, "ngram"), (1, "draft"), (2, "ngram"), (2, "draft")]
     for r in rows:
         assert r["outputs_identical"] is True
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 3
