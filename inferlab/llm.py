@@ -31,7 +31,8 @@ class LLM:
     enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
     speculative_config: speculative decoding as a mode of the engine's step, vLLM's dict:
-        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}.
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
+        {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary).
     quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
         "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
         already quantized and needs no argument.
