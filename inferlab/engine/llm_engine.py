@@ -28,8 +28,8 @@ from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.sampling import SamplingParams, make_generator, probs_from_logits, sample
-from inferlab.spec.rejection import greedy_verify, rejection_sample
+from inferlab.engine.spec_decode import propose, verify
+from inferlab.sampling import SamplingParams, make_generator, sample
 
 
 class LLMEngine:
@@ -114,7 +114,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        self._propose()
+        if self.proposer is not None or self.draft is not None:
+            propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens, self.proposer)
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.running or self.scheduler.waiting:
@@ -142,7 +143,7 @@ class LLMEngine:
             starts.append(starts[-1] + n)
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
-        emitted = self._verify(out, ready, logits, starts, draft_probs)
+        emitted = verify(out, ready, logits, starts, draft_probs, self.counters)
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
         self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
                                                 for j in range(len(out.scheduled))])
@@ -163,56 +164,6 @@ class LLMEngine:
             for hook in self.step_hooks:
                 hook(self, record)
         return [self._output(req) for req in touched.values() if req.stream or req.finished]
-
-    def _propose(self) -> None:
-        """Speculative decoding: each decoding sequence guesses its next tokens (never more than
-        it may still emit after the token the verify step adds); the others guess nothing. A
-        draft model guesses after scheduling (its guesses' K/V need the reserved slots): here
-        its sequences only reserve k places."""
-        if self.proposer is None and self.draft is None:
-            return
-        k = self.config.speculative_config.num_speculative_tokens
-        for seq in self.scheduler.running:
-            room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
-            if not seq.is_decoding or room <= 0:
-                seq.spec_token_ids = []
-            elif self.draft is not None:  # slots reserved now, filled by the draft once scheduled
-                seq.spec_token_ids = [0] * room
-            else:
-                seq.spec_token_ids = self.proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
-
-    def _verify(self, out, ready: list[int], logits: torch.Tensor, starts: list[int],
-                draft_probs: dict | None = None) -> dict[int, list[int]]:
-        """The tokens each ready sequence emits: with no guesses, one sampled token as in plain
-        decoding; with guesses, the verifier's accepted prefix plus one (greedy: argmax match;
-        sampled: exact rejection sampling on the request's p, deterministic-draft rule)."""
-        emitted: dict[int, list[int]] = {}
-        greedy = [j for j in ready if out.scheduled[j].seq.params.greedy]
-        if greedy:
-            best = logits.argmax(-1)
-            rows = [r for j in greedy for r in range(starts[j], starts[j + 1])]
-            for j, toks in zip(greedy, greedy_verify([out.scheduled[j].spec_token_ids for j in greedy], best[rows])):
-                emitted[j] = toks
-        plain = [j for j in ready if j not in emitted and not out.scheduled[j].spec_token_ids]
-        if plain:
-            seqs = [out.scheduled[j].seq for j in plain]
-            toks = sample(logits[[starts[j] for j in plain]], [s.params for s in seqs], [s.generator for s in seqs])
-            emitted.update({j: [t] for j, t in zip(plain, toks.tolist())})
-        spec = [j for j in ready if j not in emitted]
-        if spec:
-            seqs = [out.scheduled[j].seq for j in spec]
-            p = torch.cat([probs_from_logits(logits[starts[j]:starts[j + 1]], s.params) for j, s in zip(spec, seqs)])
-            q = torch.cat([draft_probs[j] for j in spec]) if draft_probs else None  # n-gram: no q
-            toks = rejection_sample([out.scheduled[j].spec_token_ids for j in spec], p, q, [s.generator for s in seqs])
-            emitted.update(zip(spec, toks))
-        c = self.counters
-        for j in ready:
-            k = len(out.scheduled[j].spec_token_ids)
-            if k:
-                c["spec_decode_num_drafts"] += 1
-                c["spec_decode_num_draft_tokens"] += k
-                c["spec_decode_num_accepted_tokens"] += len(emitted[j]) - 1
-        return emitted
 
     def step_record(self, out) -> dict:
         """Plain data about the step being run, for traces and plots: each scheduled sequence's
