@@ -12,6 +12,7 @@ import sys
 from inferlab.errors import InferlabError
 from inferlab.llm import LLM, step_stats
 from inferlab.sampling import SamplingParams
+from inferlab.spec.config import SpeculativeConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible runs (default: none)")
     p.add_argument("--stop", action="append", default=None, help="stop string, repeatable (default: none)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s dict, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+                   "(default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, finish_reason, "
                    "rates) instead of streaming")
     return p
@@ -54,9 +58,14 @@ def main(argv: list[str]) -> int:
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
+        spec = None if args.speculative_config is None else json.loads(args.speculative_config)
+        SpeculativeConfig.from_dict(spec)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--speculative-config is not valid JSON ({exc.msg}): write it as '{{\"method\": \"ngram\", "
+                     f"\"num_speculative_tokens\": 3}}'")
     except ValueError as exc:
         parser.error(str(exc))
-    llm = LLM(model=args.model, device=args.device, max_num_seqs=1)
+    llm = LLM(model=args.model, device=args.device, max_num_seqs=1, speculative_config=spec)
     check_context(llm, args.prompt, args.max_tokens)
     engine = llm.llm_engine
     before = dict(engine.counters)
@@ -72,6 +81,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         rates = step_stats(before, engine.counters, 0.0, 1)
         stats = {k: round(rates[k], 2) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+        if spec is not None:
+            stats.update({k: engine.counters[k] - before[k] for k in before if k.startswith("spec_decode_")})
         print(json.dumps({"text": comp.text, "token_ids": comp.token_ids, "finish_reason": comp.finish_reason,
                           **stats}))
     else:

@@ -17,6 +17,7 @@ from inferlab.errors import InferlabError
 from inferlab.loader import load_checkpoint
 from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.sampling import SamplingParams
+from inferlab.spec.config import SpeculativeConfig
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput"]
 
@@ -29,6 +30,9 @@ class LLM:
     block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
+    speculative_config: speculative decoding as a mode of the engine's step, vLLM's dict:
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
+        {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary).
     quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
         "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
         already quantized and needs no argument.
@@ -39,10 +43,12 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
-                 gpu_memory_utilization: float = 0.9, quantization: str | None = None):
+                 gpu_memory_utilization: float = 0.9, quantization: str | None = None,
+                 speculative_config: dict | None = None):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
-                              gpu_memory_utilization)
+                              gpu_memory_utilization, speculative_config)
+        SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
         backend = get_backend(attention_backend)  # check the knobs before loading anything
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or default_device()))

@@ -12,8 +12,11 @@ a long prompt and a decode step (one token) are all the same thing with differen
     block_tables  [B, max_blocks] and context_lens [B]: where to read each sequence's K/V
 
 The runner orders the batch decodes first: the first ``num_decodes`` sequences have one query
-each and take the grouped-matmul fast path together; the others (prefills, chunks) run one
-SDPA call each with the causal bottom-right mask of :func:`attention_mask` (and Mistral's window).
+each and take the grouped-matmul fast path together; the next ``num_multi_query`` have a few
+queries each (up to ``MULTI_QUERY_MAX``: a speculative verify, k guesses behind the last token,
+or a short chunk) and are computed together too, their queries padded to the longest; the others
+(prefills, long chunks) run one SDPA call each with the causal bottom-right mask of
+:func:`attention_mask` (and Mistral's window).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.attention.base import attention_mask
+
+MULTI_QUERY_MAX = 17  # a verify of up to 16 guesses (inferlab.spec.config's cap) plus the last token
 
 
 @dataclasses.dataclass
@@ -35,10 +40,12 @@ class PagedAttentionMetadata:
     query_lens: list[int]  # host copies of the lengths, for the per-sequence loop
     context_lens_host: list[int]
     num_decodes: int = 0
+    num_multi_query: int = 0  # the sequences after the decodes with 2..MULTI_QUERY_MAX queries
     masks_built: bool = False
     decode_slots: torch.Tensor | None = None  # [num_decodes, S] cache slot of every context token
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
-    prefill_masks: list = dataclasses.field(default_factory=list)  # one per non-decode sequence
+    prefill_masks: list = dataclasses.field(default_factory=list)  # one per long prefill/chunk
+    multi_query: dict | None = None  # slots [M, S], rows [M, Qmax], valid [M, Qmax], bias [M, 1, 1, Qmax, S]
 
     def build_masks(self, sliding_window: int | None = None) -> None:
         """What every layer shares, built once per forward (the model calls this).
@@ -69,8 +76,37 @@ class PagedAttentionMetadata:
                     visible &= pos[None] > ctx - 1 - sliding_window
                 bias = torch.zeros(visible.shape, dtype=torch.float32, device=device)
                 self.decode_mask = bias.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+        m = self.num_multi_query
+        if m:
+            self.multi_query = self._multi_query_layout(sliding_window)
         self.prefill_masks = [attention_mask(q, c - q, None, sliding_window, device)
-                              for q, c in zip(self.query_lens[d:], self.context_lens_host[d:])]
+                              for q, c in zip(self.query_lens[d + m:], self.context_lens_host[d + m:])]
+
+    def _multi_query_layout(self, sliding_window: int | None) -> dict:
+        """The M short multi-query sequences as one padded batch: each reads its S = longest
+        context slots through its block table, its queries are gathered to [M, Qmax] (padding
+        repeats its last query, dropped afterwards), and query i of a sequence of q queries over
+        c tokens sits at position c - q + i: it sees the slots up to there (bottom-right causal)."""
+        d, m, device = self.num_decodes, self.num_multi_query, self.context_lens.device
+        q_lens, ctx = self.query_lens[d:d + m], self.context_lens_host[d:d + m]
+        s, qmax, bs = max(ctx), max(q_lens), self.kv_cache.block_size
+        nb = -(-s // bs)
+        offsets = torch.arange(bs, device=device)
+        slots = (self.block_tables[d:d + m, :nb, None] * bs + offsets).view(m, nb * bs)[:, :s].contiguous()
+        starts, rows, valid, pos = 0, [], [], []
+        for q, c in zip(q_lens, ctx):
+            rows.append([starts + min(i, q - 1) for i in range(qmax)])
+            valid.append([i < q for i in range(qmax)])
+            pos.append([c - q + min(i, q - 1) for i in range(qmax)])
+            starts += q
+        pos = torch.tensor(pos, device=device)[..., None]  # [M, Qmax, 1]
+        key = torch.arange(s, device=device)
+        visible = key <= pos
+        if sliding_window is not None:
+            visible &= key > pos - sliding_window
+        bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill_(~visible, float("-inf"))
+        return {"slots": slots, "rows": torch.tensor(rows, device=device),
+                "valid": torch.tensor(valid, device=device), "bias": bias[:, None, None]}
 
 
 def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
@@ -90,6 +126,23 @@ def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
     if bias is not None:
         scores += bias
     return (scores.softmax(-1) @ v).reshape(b, hq, d)
+
+
+def paged_multi_query(q, k_slots, v_slots, layout: dict) -> torch.Tensor:
+    """A few queries per sequence, every sequence at once: q [Hq, T, D], the T new tokens of the
+    M sequences one after the other; ``layout`` from ``PagedAttentionMetadata``. Returns [Hq, T, D].
+    The same grouped matmuls as :func:`paged_decode`, with a query axis and a causal bias."""
+    hq, _, d = q.shape
+    hkv = k_slots.shape[1]
+    slots, rows, valid, bias = layout["slots"], layout["rows"], layout["valid"], layout["bias"]
+    m, qmax = rows.shape
+    flat = slots.view(-1)
+    k = k_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]  # [M, Hkv, 1, S, D]
+    v = v_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]
+    qg = q[:, rows].view(hkv, hq // hkv, m, qmax, d).permute(2, 0, 1, 3, 4)  # [M, Hkv, G, Qmax, D]
+    scores = (qg @ k.transpose(-1, -2)) * d**-0.5 + bias  # [M, Hkv, G, Qmax, S]
+    out = (scores.softmax(-1) @ v).permute(1, 2, 0, 3, 4).reshape(hq, m, qmax, d)
+    return out[:, valid]
 
 
 def torch_decode(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tensor:
@@ -124,14 +177,19 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
     if d:
         out = decode_fn(q[0, :, :d].transpose(0, 1), layer_idx, meta)
         parts.append(out.transpose(0, 1)[None])
-    start = d
-    for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d:], meta.context_lens_host[d:])):
+    start, m = d, meta.num_multi_query
+    if m:
+        t = sum(meta.query_lens[d:d + m])
+        out = paged_multi_query(q[0, :, d:d + t], cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.multi_query)
+        parts.append(out[None])
+        start += t
+    for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d + m:], meta.context_lens_host[d + m:])):
         qi = q[:, :, start:start + q_len]
         if ctx == q_len:  # nothing cached before: use this call's K/V directly
             ki, vi = k[:, :, start:start + q_len], v[:, :, start:start + q_len]
         else:
             nb = -(-ctx // cache.block_size)
-            ki, vi = cache.gather(layer_idx, meta.block_tables[d + i, :nb], ctx)
+            ki, vi = cache.gather(layer_idx, meta.block_tables[d + m + i, :nb], ctx)
             ki, vi = ki.transpose(0, 1)[None], vi.transpose(0, 1)[None]
         parts.append(prefill_fn(qi, ki, vi, meta.prefill_masks[i]))
         start += q_len

@@ -6,8 +6,13 @@ path (timed alternately, best of ``--repeats``), the acceptance rate a, the mean
 length, the draft's cost c (one draft forward over one target forward), the verify cost v (a
 (k+1)-token target forward over a 1-token one), and the speedup the formula predicts from them:
 (1 - a^(k+1)) / ((1 - a)(k c + v)). ``outputs_identical`` checks every output against plain
-decoding. This runs the contiguous reference loop (``inferlab.spec.reference``); the engine's
-batched speculative mode is not built yet, so the batch-size table is not reported.
+decoding. The first table runs the contiguous reference loop (``inferlab.spec.reference``).
+
+The second (``engine``) runs speculation (n-gram and the draft model) as a mode of the engine's
+step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
+(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved;
+as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
+it, so speculation pays less (vLLM's blog reports slowdowns at high load).
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import time
 import torch
 
 from inferlab.corpus import load_corpus
+from inferlab.engine.config import EngineConfig
+from inferlab.engine.llm_engine import LLMEngine
 from inferlab.generate import generate
 from inferlab.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
@@ -108,6 +115,54 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
             "methods": rows}
 
 
+def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, list, dict]:
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=max(len(prompts), 1), speculative_config=spec))
+    t = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o.outputs[0].token_ids
+    return time.perf_counter() - t, [finals[str(i)] for i in range(len(prompts))], engine.counters
+
+
+def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
+                 new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft") -> list[dict]:
+    """Speculation through the engine against the engine without it, per batch size, method and k."""
+    runs = [(m, k) for m in methods for k in ks]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    every = held_out_prompts(tok, max(batch_sizes), prompt_tokens)
+    rows = []
+    for b in batch_sizes:
+        prompts = every[:b]
+        _engine_run(model, tok, prompts, params, None)  # warm-up
+        plain_s, plain_out, plain_c = float("inf"), None, None
+        best = {}
+        for _ in range(repeats):
+            dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None)
+            plain_s = min(plain_s, dt)
+            for method, k in runs:
+                spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4} if method == "ngram"
+                        else {"model": draft, "num_speculative_tokens": k})
+                dt, outs, c = _engine_run(model, tok, prompts, params, spec)
+                if dt < best.get((method, k), (float("inf"),))[0]:
+                    best[(method, k)] = (dt, outs, c)
+        for method, k in runs:
+            dt, outs, c = best[(method, k)]
+            drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
+                                          c["spec_decode_num_accepted_tokens"])
+            rows.append({"batch_size": len(prompts), "method": method, "num_speculative_tokens": k,
+                         "baseline_tokens_per_s": len(prompts) * new_tokens / plain_s,
+                         "tokens_per_s": len(prompts) * new_tokens / dt, "speedup": plain_s / dt,
+                         "acceptance_rate": accepted / max(proposed, 1),
+                         "mean_acceptance_length": 1 + accepted / max(drafts, 1),
+                         "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
+                         "outputs_identical": outs == plain_out})
+    return rows
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench spec", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="target", help="target model (default: target)")
@@ -116,11 +171,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompts", type=int, default=4, help="held-out prompts (default: 4)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
     p.add_argument("--repeats", type=int, default=2, help="timed repeats, best kept (default: 2)")
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16],
+                   help="batch sizes of the engine table (default: 1 4 16; none: skip it)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
-    if min(args.k) < 1 or args.prompts < 1 or args.new_tokens < 1 or args.repeats < 1:
-        p.error("--k, --prompts, --new-tokens and --repeats must be >= 1")
+    if min(args.k) < 1 or args.prompts < 1 or args.new_tokens < 1 or args.repeats < 1 or min(args.batch_sizes or [1]) < 1:
+        p.error("--k, --prompts, --new-tokens, --repeats and --batch-sizes must be >= 1")
     res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats)
+    if args.batch_sizes:
+        model, tok = load_checkpoint(args.target, device="cpu")
+        res["engine"] = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens,
+                                     args.repeats, draft=args.draft)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
@@ -131,4 +192,12 @@ def main(argv: list[str]) -> int:
         print(f"{r['method']:8} {r['num_speculative_tokens']:>2} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f}x "
               f"{r['predicted_speedup']:8.2f}x {r['acceptance_rate']:5.2f} {r['mean_acceptance_length']:5.2f} "
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
+    if res.get("engine"):
+        print("\nthe engine, speculation against the engine without it (greedy, all prompts at once)")
+        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'a':>5} {'len':>5} "
+              f"{'steps':>11} same")
+        for r in res["engine"]:
+            print(f"{r['batch_size']:>5} {r['method']:8} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
+                  f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['acceptance_rate']:5.2f} "
+                  f"{r['mean_acceptance_length']:5.2f} {r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
     return 0

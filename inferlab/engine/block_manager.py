@@ -199,6 +199,32 @@ class BlockManager:
         tokens.append(token_id)
         return copies
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Forget the sequence's slots from position ``num_tokens`` on (speculative decoding's
+        rollback of rejected guesses); blocks left empty go back to the pool. Only slots past
+        every named block can be dropped: a guess is never named (``cache_blocks`` runs after)."""
+        table, tokens, bs = self._tables[seq_id], self._tokens[seq_id], self.block_size
+        if num_tokens >= len(tokens):
+            return
+        if num_tokens < len(self._hashes[seq_id]) * bs:
+            raise ValueError(f"sequence {seq_id}: cannot truncate to {num_tokens} tokens inside its named blocks")
+        del tokens[num_tokens:]
+        while len(table) > self._blocks_for(num_tokens):
+            self._release(self.blocks[table.pop()])
+        if table and num_tokens % bs:
+            del self.blocks[table[-1]].token_ids[num_tokens % bs:]
+
+    def rewrite(self, seq_id: int, start: int, token_ids: list[int]) -> None:
+        """Record the ids of reserved, unnamed slots from ``start`` on: a draft model's guesses,
+        known only after the scheduler reserved their slots."""
+        tokens, bs = self._tokens[seq_id], self.block_size
+        if start < len(self._hashes[seq_id]) * bs or start + len(token_ids) > len(tokens):
+            raise ValueError(f"sequence {seq_id}: slots {start}..{start + len(token_ids)} are not reserved and unnamed")
+        table = self._tables[seq_id]
+        for p, t in enumerate(token_ids, start):
+            tokens[p] = t
+            self.blocks[table[p // bs]].token_ids[p % bs] = t
+
     def cache_blocks(self, seq_id: int, num_computed_tokens: int) -> None:
         """The K/V of the sequence's first ``num_computed_tokens`` tokens is written: name every
         full block below that line, so later prompts with this prefix find it (prefix caching)."""

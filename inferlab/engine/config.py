@@ -12,6 +12,8 @@
     enable_prefix_caching   reuse the KV blocks of a prompt prefix seen before
     enable_chunked_prefill  split long prompts into chunks that share steps with decodes
     scheduler_policy        "continuous" (iteration-level) or "static"
+    speculative_config      None, or vLLM's dict: {"method": "ngram", "num_speculative_tokens": 3,
+                            "prompt_lookup_max": 4} (``inferlab.spec.config``)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.policy import POLICIES
+from inferlab.spec.config import SpeculativeConfig
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -36,6 +39,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = False
     scheduler_policy: str = "continuous"
     gpu_memory_utilization: float = 0.9
+    speculative_config: dict | SpeculativeConfig | None = None
 
     def resolve(self, model_config, dtype, device) -> "EngineConfig":
         """Check every knob and fill in the defaults for this model; returns a new config."""
@@ -49,6 +53,7 @@ class EngineConfig:
             raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
         if not 0 < c.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        c.speculative_config = SpeculativeConfig.from_dict(c.speculative_config)
         context = model_config.max_position_embeddings
         c.max_model_len = c.max_model_len or context
         if not 1 < c.max_model_len <= context:

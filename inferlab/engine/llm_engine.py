@@ -1,10 +1,12 @@
 """``LLMEngine``: requests in, one scheduler step at a time, outputs out (vLLM's LLMEngine).
 
     add_request(id, prompt, params) -> waiting queue
-    step():  scheduler picks sequences and token counts  (scheduler.py, policy.py)
+    step():  [speculative] each decoding sequence gets guesses (spec_token_ids) from the proposer
+             scheduler picks sequences and token counts  (scheduler.py, policy.py)
              model runner runs one ragged forward          (model_runner.py, attention/paged.py)
-             sampler draws a token for every sequence whose tokens are all computed
-             finished sequences free their KV blocks       (block_manager.py)
+             sampler draws a token for every sequence whose tokens are all computed; with
+             guesses, the verifier keeps a prefix of them and adds one (spec/rejection.py)
+             rejected guesses are rolled back, finished sequences free their KV blocks
              -> the RequestOutputs of this step (with text deltas, for streaming)
 
 ``LLM.generate``, the CLI and the benchmarks all run on this loop; ``inferlab.generate`` keeps the
@@ -21,10 +23,12 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
+from inferlab.engine.draft import DraftProposer
 from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
+from inferlab.engine.spec_decode import propose, verify
 from inferlab.sampling import SamplingParams, make_generator, sample
 
 
@@ -38,12 +42,22 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
+        spec = c.speculative_config
+        self.proposer = spec.make_proposer() if spec is not None and spec.method == "ngram" else None
+        self.draft = None
+        if spec is not None and spec.method == "draft":
+            from inferlab.loader import load_checkpoint
+            draft, _ = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
+            self.draft = DraftProposer(draft, model, c.num_kv_blocks, c.block_size)
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generation_tokens": 0,
                          "num_finished_requests": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                         "prefill_tokens": 0, "decode_tokens": 0}
+                         "prefill_tokens": 0, "decode_tokens": 0,
+                         # vLLM's spec-decode counters: verify steps with guesses, guesses, guesses kept
+                         "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0,
+                         "spec_decode_num_accepted_tokens": 0}
         self.step_hooks: list = []  # optional observers: hook(engine, record) after each step (step_record)
 
     # ---- requests -----------------------------------------------------------------------------
@@ -100,6 +114,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self.proposer is not None or self.draft is not None:
+            propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens, self.proposer)
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.running or self.scheduler.waiting:
@@ -108,35 +124,41 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         now = time.monotonic()
+        draft_probs = self.draft.propose(out, self.block_manager) if self.draft is not None else {}
         inputs = []
         for s in out.scheduled:
             seq, c = s.seq, s.seq.num_computed_tokens
-            inputs.append(SeqInput(seq.token_ids(c, c + s.num_new_tokens), c,
+            inputs.append(SeqInput(seq.token_ids(c, c + s.num_new_tokens), c,  # guesses included
                                    self.block_manager.block_table(seq.seq_id)))
             m = self.requests[seq.request_id].metrics
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
-        num_decodes = sum(1 for s in out.scheduled if _is_decode(s.seq, s.num_new_tokens))
-        num_prefill = out.num_batched_tokens - num_decodes
-        logits = self.runner.execute(inputs, out.copies)
-        self.scheduler.update_from_output(out)  # K/V written: computed counts advance, full blocks named
-        rows, ready = [], []
-        for j, s in enumerate(out.scheduled):
-            seq = s.seq
-            if seq.num_computed_tokens == seq.num_tokens:  # its last token computed: sample the next
-                rows.append(j)
-                ready.append(seq)
-        touched = {}
-        if ready:
-            sel = logits if len(rows) == len(out.scheduled) else logits[rows]
-            tokens = sample(sel, [s.params for s in ready], [s.generator for s in ready]).tolist()
-            now = time.monotonic()
-            for row, seq, tok in zip(rows, ready, tokens):
-                if seq.num_pending_forks:
-                    self._fork(seq, logits[row], now, touched)
+        is_decode = [_is_decode(s.seq, s.num_committed) for s in out.scheduled]
+        num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
+        num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
+        logits = self.runner.execute(inputs, out.copies, num_logits=num_logits)  # [sum(num_logits), V]
+        starts = [0]
+        for n in num_logits:
+            starts.append(starts[-1] + n)
+        ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
+                 if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
+        emitted = verify(out, ready, logits, starts, draft_probs, self.counters)
+        # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
+        self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
+                                                for j in range(len(out.scheduled))])
+        touched, decoded = {}, 0
+        now = time.monotonic()
+        for j in ready:
+            seq = out.scheduled[j].seq
+            if seq.num_pending_forks:
+                self._fork(seq, logits[starts[j]], now, touched)
+            for tok in emitted[j]:  # one by one: stop partway exactly where plain decoding would
                 self._append(seq, tok, now, touched)
-        self._account(num_prefill, num_decodes, time.perf_counter() - t0)
+                decoded += is_decode[j]
+                if seq.is_finished:
+                    break
+        self._account(num_prefill, decoded, time.perf_counter() - t0)
         if record is not None:
             record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])
             for hook in self.step_hooks:
@@ -145,12 +167,14 @@ class LLMEngine:
 
     def step_record(self, out) -> dict:
         """Plain data about the step being run, for traces and plots: each scheduled sequence's
-        request, first position and token count, and whether it is a (chunk of a) prefill or a decode."""
+        request, first position and token count (its speculative guesses among them), and whether
+        it is a (chunk of a) prefill or a decode."""
         rows = []
         for s in out.scheduled:
             seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            decode = _is_decode(seq, k)
+            decode = _is_decode(seq, s.num_committed)
             rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
+                         "num_spec_tokens": len(s.spec_token_ids),
                          "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
                          "chunk": not decode and (start > 0 or start + k < seq.num_tokens)})
         return {"step": self.counters["num_steps"], "scheduled": rows, "num_batched_tokens": out.num_batched_tokens,
@@ -185,7 +209,8 @@ class LLMEngine:
 
     def _account(self, prefill: int, decodes: int, seconds: float) -> None:
         """A step with any prefill token (a 1-token prompt's included) counts as prefill time;
-        a step of decodes only (each computes the token sampled last) as decode time."""
+        a step of decodes only (each computes the token sampled last) as decode time, and
+        ``decodes`` counts the tokens they emitted (more than one each when guesses are kept)."""
         c = self.counters
         c["num_steps"] += 1
         c["num_prompt_tokens"] += prefill

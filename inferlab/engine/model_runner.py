@@ -3,8 +3,9 @@
 The scheduler says, for each sequence, how many of its tokens to compute now. The runner turns
 that into the flat layout of ``inferlab.attention.paged`` (input_ids, positions, slot_mapping,
 block_tables, context lengths), runs the model once over every sequence's new tokens, and returns
-the logits of each sequence's last new token (or of every new token, for speculative
-verification). Decodes (one new token) go first so attention can batch them.
+the logits of each sequence's last new token, or of its last 1 + k new tokens when k of them are
+speculative guesses to verify (vLLM's ``SpecDecodeMetadata``: one flat tensor, sequence after
+sequence, in the caller's order). Decodes (one new token) go first so attention can batch them.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import dataclasses
 
 import torch
 
-from inferlab.attention.paged import PagedAttentionMetadata
+from inferlab.attention.paged import MULTI_QUERY_MAX, PagedAttentionMetadata
 from inferlab.cache.paged import PagedKVCache
 
 
@@ -38,7 +39,9 @@ class ModelRunner:
         All the int vectors travel to the device as one tensor (one copy, then views): on a
         small model a step is short enough for eight separate host-to-device tensors to show.
         """
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].token_ids) != 1)  # stable: decodes first
+        # stable: decodes first, then the short multi-query ones (speculative verifies), then the rest
+        ranks = [_rank(len(s.token_ids), s.num_computed) for s in seqs]
+        order = sorted(range(len(seqs)), key=lambda i: ranks[i])
         bs = self.block_size
         ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
         for i in order:
@@ -81,14 +84,17 @@ class ModelRunner:
         meta = PagedAttentionMetadata(
             positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
             block_tables=parts[5].view(b, width), context_lens=parts[3], query_lens=q_lens,
-            context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1))
+            context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1),
+            num_multi_query=ranks.count(1))
         return parts[0][None], meta, parts[4], order
 
     @torch.inference_mode()
     def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),
-                all_logits: bool = False):
+                all_logits: bool = False, num_logits: list[int] | None = None):
         """Run one forward. Returns logits [B, V] of each sequence's last new token, in the order
-        of ``seqs``; with ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
+        of ``seqs``; with ``num_logits``, [sum(num_logits), V]: the last ``num_logits[i]`` rows of
+        sequence i, sequence after sequence (speculative verification: 1 + k rows each); with
+        ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
         self.kv_cache.copy_blocks(list(copies))  # copy-on-write before anyone writes
         input_ids, meta, last, order = self.prepare(seqs)
         if all_logits:
@@ -100,4 +106,27 @@ class ModelRunner:
             for j, i in enumerate(order):
                 rows[i] = logits[cu[j]:cu[j + 1]]
             return rows
+        if num_logits is not None and any(n != 1 for n in num_logits):
+            last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
         return self.model(input_ids, meta, logits_indices=last)[0]
+
+
+def _rank(q_len: int, num_computed: int) -> int:
+    """Where a sequence goes in the batch: 0 decode, 1 a few queries over a cached context (a
+    speculative verify, a short chunk), 2 a prompt or a long chunk (one SDPA call each)."""
+    return 0 if q_len == 1 else 1 if q_len <= MULTI_QUERY_MAX and num_computed > 0 else 2
+
+
+def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device) -> torch.Tensor:
+    """Rows of the flat forward holding the last ``num_logits[i]`` new tokens of each sequence i
+    (``query_lens`` in batch order, ``order[j]`` = the caller's index of batch position j)."""
+    end, ends = 0, [0] * len(order)
+    for j, q in enumerate(query_lens):
+        end += q
+        ends[order[j]] = end
+    rows = []
+    for i, n in enumerate(num_logits):
+        if not 1 <= n:
+            raise ValueError(f"sequence {i}: num_logits must be >= 1, got {n}")
+        rows += range(ends[i] - n, ends[i])
+    return torch.tensor(rows, device=device)

@@ -32,6 +32,11 @@ def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int) -> int:
         if k == 0:
             break
         while not s.grow(seq, seq.num_computed_tokens + k, out):
+            if seq.spec_token_ids:  # guesses are optional: drop them before preempting anyone
+                k -= len(seq.spec_token_ids)
+                seq.spec_token_ids = []
+                s.block_manager.truncate(seq.seq_id, seq.num_computed_tokens + k)
+                continue
             victim = s.running[-1]  # the newest; never one already scheduled (those are older)
             s.preempt(victim, out)
             if victim is seq:

@@ -9,6 +9,11 @@ many of its tokens already have K/V in the cache. Each step computes some of the
 prompt, a chunk of it, or the one token sampled last (decode). When the step reaches the last
 token, its logits give the next token. A preempted sequence drops its blocks and goes back to 0:
 its prompt *and* its output so far are recomputed as if they were one prompt (vLLM's recompute).
+
+With speculative decoding a decoding sequence also carries ``spec_token_ids``: a proposer's
+guesses for the tokens after its last one. They are not its tokens yet: the step computes them as
+lookahead behind the last token, the verifier keeps a prefix of them, and the rest are forgotten
+(``num_computed_tokens`` moves back over their slots).
 """
 from __future__ import annotations
 
@@ -29,11 +34,22 @@ class EngineSequence(Sequence):
     num_pending_forks: int = 0       # children still to fork from this sequence after its prefill
     generator: torch.Generator | None = None
     sent_tokens: int = 0
+    spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # guesses to verify this step
+    draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__
 
+    @property
+    def is_decoding(self) -> bool:
+        """All its tokens but the one sampled last are computed: the next step is a decode."""
+        return bool(self.output_token_ids) and self.num_computed_tokens == self.num_tokens - 1
+
     def token_ids(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without concatenating the two lists."""
+        """Tokens [start, end) of prompt + output, then the guesses ``spec_token_ids`` past the
+        end (positions a step computes as lookahead), without concatenating the lists."""
+        n = self.num_tokens
+        if end > n:
+            return self.token_ids(min(start, n), n) + self.spec_token_ids[max(start - n, 0):end - n]
         p = len(self.prompt_token_ids)
         if end <= p:
             return self.prompt_token_ids[start:end]

@@ -1,5 +1,6 @@
 """What one scheduler step decided (vLLM v1's ``SchedulerOutput``): the sequences to run and how many
-tokens each, the copy-on-write block copies to make first, and who was preempted.
+tokens each (a decode's speculative guesses included, as lookahead behind its last token), the
+copy-on-write block copies to make first, and who was preempted.
 
 Its own module so that the policies (``policy.py``) and the scheduler's primitives
 (``scheduler.py``) both use it without importing each other.
@@ -15,6 +16,12 @@ from inferlab.engine.request import EngineSequence
 class ScheduledSeq:
     seq: EngineSequence
     num_new_tokens: int
+    spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # the last len() of the new tokens
+
+    @property
+    def num_committed(self) -> int:
+        """New tokens that are the sequence's own (the rest are guesses to verify)."""
+        return self.num_new_tokens - len(self.spec_token_ids)
 
 
 @dataclasses.dataclass
@@ -24,7 +31,8 @@ class SchedulerOutput:
     preempted: list[EngineSequence] = dataclasses.field(default_factory=list)
 
     def add(self, seq: EngineSequence, num_new_tokens: int) -> None:
-        self.scheduled.append(ScheduledSeq(seq, num_new_tokens))
+        spec = seq.num_computed_tokens + num_new_tokens - seq.num_tokens  # positions past its last token
+        self.scheduled.append(ScheduledSeq(seq, num_new_tokens, list(seq.spec_token_ids[:max(spec, 0)])))
 
     @property
     def num_batched_tokens(self) -> int:

@@ -5,8 +5,10 @@ step. A request that finishes leaves at once and a waiting one takes its place, 
 the whole batch waiting for its longest member (static batching). Each step has a *token
 budget* (``max_num_batched_tokens``) and a cap on sequences (``max_num_seqs``):
 
-* running sequences go first, oldest first: a decode costs 1 token; a prompt being prefilled in
-  chunks (``enable_chunked_prefill``) costs the next chunk (Sarathi-Serve, Agrawal et al. 2024);
+* running sequences go first, oldest first: a decode costs 1 token, plus its speculative guesses
+  (``spec_token_ids``), trimmed so that every running sequence still gets its token; a prompt
+  being prefilled in chunks (``enable_chunked_prefill``) costs the next chunk (Sarathi-Serve,
+  Agrawal et al. 2024);
 * then waiting sequences are admitted, first come first served, while budget, sequence slots
   and KV blocks last;
 * when the KV pool runs dry, the newest running sequence is *preempted*: its blocks are freed and
@@ -44,15 +46,27 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
+        self.fit_spec_tokens()
         return self.policy.schedule(self)
+
+    def fit_spec_tokens(self) -> None:
+        """Trim the guesses so that they only use budget no running sequence needs: each running
+        sequence is owed one token, the rest goes to guesses, oldest sequence first."""
+        spare = self.max_num_batched_tokens - len(self.running)
+        for seq in self.running:
+            keep = max(0, min(len(seq.spec_token_ids), spare))
+            del seq.spec_token_ids[keep:]
+            spare -= keep
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     # ---- primitives the policies are written with -------------------------------------------
     def num_new_tokens(self, seq: EngineSequence, budget: int) -> int:
-        """Tokens ``seq`` would compute now under ``budget``: all that remain, or a chunk (0: wait)."""
-        remaining = seq.num_tokens - seq.num_computed_tokens
+        """Tokens ``seq`` would compute now under ``budget``: all that remain, or a chunk (0: wait).
+        A decode's guesses count too, cut to what the budget leaves after its own token."""
+        del seq.spec_token_ids[max(budget - 1, 0):]
+        remaining = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
         if self.enable_chunked_prefill:
             return min(remaining, budget)
         return remaining if remaining <= budget else 0
@@ -76,6 +90,7 @@ class Scheduler:
         self.block_manager.free(seq.seq_id)
         self.running.remove(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -104,13 +119,21 @@ class Scheduler:
         return k
 
     # ---- the engine's calls after a step ------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput) -> None:
+    def update_from_output(self, out: SchedulerOutput, num_accepted: list[int] | None = None) -> None:
         """The step ran: each scheduled sequence has its new tokens' K/V written. Advance its
-        ``num_computed_tokens`` and name its blocks that are now full of computed K/V (only now:
-        see block_manager.py). Not called when the forward raised, so nothing uncomputed is named."""
-        for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.block_manager.cache_blocks(s.seq.seq_id, s.seq.num_computed_tokens)
+        ``num_computed_tokens`` over its own tokens and the ``num_accepted[i]`` guesses the
+        verifier kept; the slots of rejected guesses are given back (rollback: they hold K/V of
+        tokens the sequence never had, and are overwritten when it grows again). Then name its
+        blocks that are now full of computed K/V (only now: see block_manager.py), so a rejected
+        guess never enters the prefix cache. Not called when the forward raised."""
+        bm = self.block_manager
+        for i, s in enumerate(out.scheduled):
+            seq = s.seq
+            seq.num_computed_tokens += s.num_committed + (num_accepted[i] if num_accepted else 0)
+            seq.spec_token_ids = []
+            if bm.num_tokens(seq.seq_id) > seq.num_computed_tokens:
+                bm.truncate(seq.seq_id, seq.num_computed_tokens)
+            bm.cache_blocks(seq.seq_id, seq.num_computed_tokens)
 
     def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
         self.block_manager.fork(parent.seq_id, child.seq_id)

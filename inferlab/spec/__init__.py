@@ -2,7 +2,10 @@
 
 - ``rejection``: the exact verifier (Leviathan et al. 2023; Chen et al. 2023) and the speedup
   formula it predicts;
-- ``ngram``: prompt lookup, a proposer with no model (Saxena 2023, vLLM's ``ngram`` method).
+- ``ngram``: prompt lookup, a proposer with no model (Saxena 2023, vLLM's ``ngram`` method);
+- ``config``: ``speculative_config`` in vLLM's shape, checked (the engine's mode:
+  ``inferlab.engine.llm_engine``, with the draft model in ``inferlab.engine.draft``);
+- ``reference``: the single-sequence loop on the contiguous cache the engine is checked against.
 """
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.rejection import (

@@ -1,0 +1,74 @@
+"""The draft-model proposer inside the engine (Leviathan et al. 2023; vLLM's ``draft_model``).
+
+A smaller model with the target's vocabulary guesses k tokens one at a time. It keeps its own
+paged KV cache laid out on the *target's* block tables (same block size, same block ids): the
+scheduler reserves the guesses' slots once, for both models, and the prefix cache, copy-on-write,
+preemption and rollback of the target's tables hold for the draft's K/V too.
+
+Each step, after the scheduler reserved k lookahead slots per decoding sequence:
+
+1. one draft forward over every scheduled sequence's own new tokens (a prompt chunk, the token
+   sampled last, and the last guess kept by the previous step if the draft never saw it): the
+   draft's K/V follows the target's, and each decoding sequence's last row gives q_1 and guess 1;
+2. k - 1 single-token forwards (all decoding sequences together) give guesses 2..k and their q.
+
+Rollback costs nothing: the draft's K/V past the kept tokens is overwritten when the sequence
+grows again (``draft_num_computed`` never runs ahead of ``num_computed_tokens``).
+"""
+from __future__ import annotations
+
+import torch
+
+from inferlab.cache.paged import PagedKVCache
+from inferlab.engine.model_runner import ModelRunner, SeqInput
+from inferlab.sampling import probs_from_logits
+
+
+class DraftProposer:
+    def __init__(self, draft, target, num_blocks: int, block_size: int):
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+                             f"({target.config.vocab_size}): give a draft trained with the target's tokenizer")
+        self.model = draft
+        self.kv_cache = PagedKVCache.for_model(draft.config, num_blocks, block_size, target.dtype, target.device)
+        self.runner = ModelRunner(draft, self.kv_cache)
+
+    def propose(self, out, block_manager) -> dict[int, torch.Tensor]:
+        """Fill each scheduled decode's reserved guesses (``spec_token_ids``) with the draft's;
+        returns {scheduled index: q rows [k_i, V]} for the verifier."""
+        inputs, need = [], []
+        for j, s in enumerate(out.scheduled):
+            seq = s.seq
+            end = seq.num_computed_tokens + s.num_committed
+            seen = seq.num_computed_tokens if seq.draft_num_computed is None else \
+                min(seq.draft_num_computed, seq.num_computed_tokens)
+            inputs.append(SeqInput(seq.token_ids(seen, end), seen, block_manager.block_table(seq.seq_id)))
+            seq.draft_num_computed = end
+            if s.spec_token_ids:
+                need.append(j)
+        self.kv_cache.copy_blocks(list(out.copies))  # the target's copy-on-write pairs apply here too
+        logits = self.runner.execute(inputs)  # [B, V]: each sequence's last row
+        qs: dict[int, list[torch.Tensor]] = {j: [] for j in need}
+        rows = {j: logits[j] for j in need}
+        for step in range(max((len(out.scheduled[j].spec_token_ids) for j in need), default=0)):
+            live = [j for j in need if step < len(out.scheduled[j].spec_token_ids)]
+            for j in live:
+                s = out.scheduled[j]
+                q = probs_from_logits(rows[j], s.seq.params)
+                tok = int(q.argmax()) if s.seq.params.greedy else \
+                    int(torch.multinomial(q, 1, generator=s.seq.generator))
+                s.spec_token_ids[step] = s.seq.spec_token_ids[step] = tok
+                qs[j].append(q)
+            feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]
+            if not feed:
+                continue
+            pos = {j: out.scheduled[j].seq.num_computed_tokens + out.scheduled[j].num_committed + step for j in feed}
+            batch = [SeqInput([out.scheduled[j].spec_token_ids[step]], pos[j],
+                              block_manager.block_table(out.scheduled[j].seq.seq_id)) for j in feed]
+            for j, row in zip(feed, self.runner.execute(batch)):
+                rows[j] = row
+                out.scheduled[j].seq.draft_num_computed = pos[j] + 1
+        for j in need:
+            s = out.scheduled[j]
+            block_manager.rewrite(s.seq.seq_id, s.seq.num_computed_tokens + s.num_committed, s.spec_token_ids)
+        return {j: torch.stack(q) for j, q in qs.items()}

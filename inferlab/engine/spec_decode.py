@@ -1,0 +1,62 @@
+"""Speculative decoding's two hooks in the engine's step (vLLM v1: proposals before scheduling,
+rejection sampling after the forward).
+
+``propose`` gives each decoding sequence its guesses (``spec_token_ids``) before the scheduler
+runs, so the token budget and the KV slots count them. ``verify`` turns the step's logits (the
+last 1 + k rows of each sequence, ``ModelRunner.execute(num_logits=...)``) into the tokens each
+sequence emits: the accepted guesses and one more (Leviathan et al. 2023; ``inferlab.spec.rejection``).
+"""
+from __future__ import annotations
+
+import torch
+
+from inferlab.sampling import probs_from_logits, sample
+from inferlab.spec.rejection import greedy_verify, rejection_sample
+
+
+def propose(running, k: int, proposer=None) -> None:
+    """Each decoding sequence guesses its next tokens (never more than it may still emit after
+    the token the verify step adds); the others guess nothing. Without a ``proposer`` (a draft
+    model guesses after scheduling: its guesses' K/V need the reserved slots) a sequence only
+    reserves its k places, filled by ``inferlab.engine.draft``."""
+    for seq in running:
+        room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+        if not seq.is_decoding or room <= 0:
+            seq.spec_token_ids = []
+        elif proposer is None:
+            seq.spec_token_ids = [0] * room
+        else:
+            seq.spec_token_ids = proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
+
+
+def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft_probs: dict | None,
+           counters: dict) -> dict[int, list[int]]:
+    """The tokens each ready sequence (index into ``out.scheduled``) emits; its logits are rows
+    ``starts[j]:starts[j + 1]``. With no guesses: one sampled token, as in plain decoding. With
+    guesses: the accepted prefix plus one (greedy: argmax match; sampled: exact rejection
+    sampling on the request's p, with the draft's q or, for n-gram, the deterministic-draft rule).
+    Counts vLLM's ``spec_decode_*`` counters."""
+    emitted: dict[int, list[int]] = {}
+    guesses = {j: out.scheduled[j].spec_token_ids for j in ready}
+    greedy = [j for j in ready if out.scheduled[j].seq.params.greedy]
+    if greedy:
+        best = logits.argmax(-1)
+        rows = [r for j in greedy for r in range(starts[j], starts[j + 1])]
+        emitted.update(zip(greedy, greedy_verify([guesses[j] for j in greedy], best[rows])))
+    plain = [j for j in ready if j not in emitted and not guesses[j]]
+    if plain:
+        seqs = [out.scheduled[j].seq for j in plain]
+        toks = sample(logits[[starts[j] for j in plain]], [s.params for s in seqs], [s.generator for s in seqs])
+        emitted.update({j: [t] for j, t in zip(plain, toks.tolist())})
+    spec = [j for j in ready if j not in emitted]
+    if spec:
+        seqs = [out.scheduled[j].seq for j in spec]
+        p = torch.cat([probs_from_logits(logits[starts[j]:starts[j + 1]], s.params) for j, s in zip(spec, seqs)])
+        q = torch.cat([draft_probs[j] for j in spec]) if draft_probs else None  # n-gram: no q
+        emitted.update(zip(spec, rejection_sample([guesses[j] for j in spec], p, q, [s.generator for s in seqs])))
+    for j in ready:
+        if guesses[j]:
+            counters["spec_decode_num_drafts"] += 1
+            counters["spec_decode_num_draft_tokens"] += len(guesses[j])
+            counters["spec_decode_num_accepted_tokens"] += len(emitted[j]) - 1
+    return emitted
