@@ -13,7 +13,9 @@ def test_models_json(capsys, shipped):
     listing = run_json(capsys, "models", "--json")
     assert isinstance(listing, list)
     entry = next(m for m in listing if m["name"] == shipped[0])
-    assert set(entry) == {"name", "path", "params", "test_ppl", "ppl_protocol"}
+    assert set(entry) == {"name", "path", "params", "test_ppl", "ppl_protocol", "draft_target_agreement"}
+    agreement = json.loads((shipped[1] / "metrics.json").read_text()).get("draft_target_agreement")
+    assert entry["draft_target_agreement"] == (agreement if shipped[0].startswith("draft") else None)
     model, _ = load_checkpoint(shipped[0], device="cpu")
     assert entry["params"] == model.num_parameters()
     assert entry["test_ppl"] == json.loads((shipped[1] / "metrics.json").read_text())["test_ppl"] > 1
