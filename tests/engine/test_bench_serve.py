@@ -45,4 +45,4 @@ def test_run_offline_both_policies(tmp_path):
 def test_bench_serve_cli_json(capsys):
     assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["ratio"] > 0
+    assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["continuous_over_static_tokens_per_s"] > 0
