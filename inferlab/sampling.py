@@ -98,10 +98,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         gens = [generators[i] for i in group]
         if kind == "top_k":
             probs, idx = top_k_probs(sub, [params[i] for i in group])
-            tokens = idx.gather(1, _argmax(probs / _noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
+            tokens = idx.gather(1, _argmax(probs / exponential_noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
         else:
             probs = sub.softmax(-1) if kind == "plain" else top_p_probs(sub, [params[i].top_p for i in group])
-            tokens = _argmax(probs / _noise(probs.shape, sub, gens))
+            tokens = draw(probs, gens)
         if len(group) == B:
             return tokens
         out[group] = tokens
@@ -116,7 +116,12 @@ def _col(values, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, device=like.device)[:, None]
 
 
-def _noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = None) -> torch.Tensor:
+def draw(probs: torch.Tensor, generators) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V] by the exponential race: argmax(p / E), E ~ Exp(1)."""
+    return _argmax(probs / exponential_noise(probs.shape, probs, generators))
+
+
+def exponential_noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = None) -> torch.Tensor:
     """Exp(1) noise [B, n] as -log(U) (several times faster than ``exponential_`` on a CPU); seeded rows
     draw a vocabulary-wide row from their own generator, gathered by ``index``."""
     noise = torch.rand(shape, device=like.device).log_().neg_()

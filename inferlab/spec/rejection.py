@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.sampling import draw
+
 
 def recovered_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)) row by row: what a rejection samples from. Where p <= q everywhere
@@ -29,16 +31,6 @@ def recovered_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     residual = (p - q).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total.clamp_min(1e-30), p)
-
-
-def _exponentials(rows: int, width: int, generators, device) -> torch.Tensor:
-    """Exp(1) noise [rows, width]; a row with its own generator draws its own (seeded requests
-    stay reproducible whatever else shares the batch), the others draw together."""
-    noise = torch.empty(rows, width, device=device).exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:
-            noise[i].exponential_(generator=g)
-    return noise
 
 
 def _uniforms(rows: int, width: int, generators, device) -> torch.Tensor:
@@ -102,8 +94,7 @@ def rejection_sample(draft_token_ids: list[list[int]], target_probs: torch.Tenso
         else:
             q_last = draft_probs[(q_start + j).clamp(0, max(draft_probs.shape[0] - 1, 0))]
         last_p = torch.where(rejected[:, None], recovered_probs(last_p, q_last), last_p)
-    # One categorical draw per row: the exponential race argmax(p / E), E ~ Exp(1).
-    final = (last_p / _exponentials(b, last_p.shape[-1], gens, device)).argmax(-1)
+    final = draw(last_p, gens)  # one categorical draw per row; seeded rows use their own generator
     n_list, f_list = n_acc.tolist(), final.tolist()
     return [list(x[:n]) + [f] for x, n, f in zip(draft_token_ids, n_list, f_list)]
 
