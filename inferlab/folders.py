@@ -24,6 +24,9 @@ def atomic_folder(folder: str | os.PathLike):
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is ordinary
+        for p in tmp.iterdir():  # and so are its files (safetensors writes 0600)
+            if p.is_file():
+                p.chmod(0o666 & ~umask)
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)

@@ -127,8 +127,6 @@ def ship(draft, tok, summary: dict, out: Path, source: Path = ASSETS / "draft") 
             extra[name] = (source / name).read_text()
     dtype = getattr(torch, json.loads((source / "config.json").read_text()).get("torch_dtype", "float32"))
     save_checkpoint(draft, tok, out, dtype=dtype, extra_files=extra)
-    for p in [out, *out.iterdir()]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
 
 
 def main(argv: list[str]) -> int:
