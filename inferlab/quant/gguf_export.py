@@ -3,7 +3,8 @@
 A GGUF file is one header of key/value metadata (architecture hyperparameters, the tokenizer's
 vocabulary and merges) followed by aligned tensors, each with its llama.cpp type. The linear
 weights are written as the very Q8_0 / Q4_0 / Q4_K bytes inferlab computes with; embeddings are
-F16 and norms F32, as llama.cpp's converter writes them.
+F16 and norms F32, as llama.cpp's converter writes them. ``f32`` writes an unquantized model with
+every tensor F32 (the converter's ``--outtype f32``): llama.cpp's own fp32 baseline.
 
 One detail of the conversion: llama.cpp applies RoPE to interleaved pairs (x0, x1), (x2, x3), ...
 while HF Llama rotates halves (x_i, x_{i + d/2}); the converter therefore permutes the rows of
@@ -70,10 +71,13 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
         raise InferlabError(f"GGUF export writes Llama-architecture models, not {cfg.model_type}")
     if cfg.attention_bias or cfg.rope_scaling:
         raise InferlabError("GGUF export here covers plain Llama (no attention bias, no RoPE scaling)")
-    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-             "q4_k": gguf.GGMLQuantizationType.Q4_K}[method]
+    qtypes = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+              "q4_k": gguf.GGMLQuantizationType.Q4_K, "f32": None}
+    if method not in qtypes:
+        raise InferlabError(f"GGUF export writes {', '.join(qtypes)}, not {method!r}")
+    qtype = qtypes[method]
     ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
-             "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M}[method]
+             "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "f32": gguf.LlamaFileType.ALL_F32}[method]
     with atomic_folder(out, overwrite) as tmp:
         writer = gguf.GGUFWriter(str(tmp / "model.gguf"), "llama")
         writer.add_name(f"inferlab {Path(out).name}")
@@ -98,24 +102,34 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
         def f32(t):
             return t.detach().float().cpu().numpy().astype(np.float32)
 
-        writer.add_tensor("token_embd.weight", f16(model.model.embed_tokens.weight))
+        embed = f32 if method == "f32" else f16
+        writer.add_tensor("token_embd.weight", embed(model.model.embed_tokens.weight))
         for i, layer in enumerate(model.model.layers):
             for hf, name in NAMES.items():
                 mod = layer.get_submodule(hf)
                 if name.endswith("norm"):
                     writer.add_tensor(f"blk.{i}.{name}.weight", f32(mod.weight))
                     continue
-                if not isinstance(mod, GGMLLinear) or mod.ggml_type != method:
+                if method == "f32":
+                    if type(mod) is not torch.nn.Linear:
+                        raise InferlabError(f"layer {i} {hf} is {type(mod).__name__}: f32 export takes an "
+                                            "unquantized model (load it without --method)")
+                    rows = mod.weight.detach().float()
+                elif not isinstance(mod, GGMLLinear) or mod.ggml_type != method:
                     raise InferlabError(f"layer {i} {hf} is not {method}: quantize with --method {method} first")
-                rows = mod.qweight
+                else:
+                    rows = mod.qweight
                 if hf.endswith("q_proj"):
                     rows = rope_permute(rows, cfg.num_attention_heads)
                 elif hf.endswith("k_proj"):
                     rows = rope_permute(rows, cfg.num_key_value_heads)
-                writer.add_tensor(f"blk.{i}.{name}.weight", rows.cpu().numpy(), raw_dtype=qtype)
+                if qtype is None:
+                    writer.add_tensor(f"blk.{i}.{name}.weight", f32(rows))
+                else:
+                    writer.add_tensor(f"blk.{i}.{name}.weight", rows.cpu().numpy(), raw_dtype=qtype)
         writer.add_tensor("output_norm.weight", f32(model.model.norm.weight))
         if not cfg.tie_word_embeddings:
-            writer.add_tensor("output.weight", f16(model.lm_head.weight))
+            writer.add_tensor("output.weight", embed(model.lm_head.weight))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
