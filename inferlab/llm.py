@@ -15,6 +15,7 @@ from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.errors import InferlabError
 from inferlab.loader import load_checkpoint
+from inferlab.packing import pack_projections
 from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.sampling import SamplingParams
 from inferlab.spec.config import SpeculativeConfig
@@ -68,6 +69,7 @@ class LLM:
         return self
 
     def _start(self, backend, config: EngineConfig, name: str) -> None:
+        pack_projections(self.model)  # q/k/v and gate/up as one GEMM each (inferlab.packing)
         self.model.set_attention_backend(backend)
         self.model_name = name
         self.llm_engine = LLMEngine(self.model, self.tokenizer, config)

@@ -21,6 +21,7 @@ from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttent
 from inferlab.config import ModelConfig
 from inferlab.linear import LinearFactory, default_linear
 from inferlab.moe import SparseMoeBlock
+from inferlab.packing import use_packed
 from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -58,9 +59,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, metadata: AttentionMetadata):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        packed = use_packed(self, "packed_qkv", self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = packed(x) if packed else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.backend.forward(self.layer_idx, q, k, v, metadata)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
@@ -77,7 +80,9 @@ class MLP(nn.Module):
         self.down_proj = linear(f, d, bias, f"{prefix}.down_proj")
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        packed = use_packed(self, "packed_gate_up", self.gate_proj, self.up_proj)
+        gate, up = packed(x) if packed else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -132,7 +137,9 @@ class CausalLM(nn.Module):
         state = self.state_dict()
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        return state
+        # a packed projection's weight views rows of a larger tensor: save its own copy
+        return {k: v.clone() if v.untyped_storage().nbytes() != v.numel() * v.element_size() else v
+                for k, v in state.items()}
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Route every layer's attention through ``backend`` (the attention seam)."""

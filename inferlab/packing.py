@@ -1,0 +1,131 @@
+"""Packed projections: one GEMM where a layer has several that read the same input.
+
+q, k and v all multiply the same normed hidden state, and so do the MLP's gate and up. Stacking
+their weight rows turns three (two) small matrix products into one larger one, and a decode step
+pays per-op overhead (dispatch, thread wake-up, one pass over ``x``) once instead of three times.
+nano-vllm builds its model this way (``QKVParallelLinear``, ``MergedColumnParallelLinear``);
+vLLM calls the mapping ``packed_modules_mapping``.
+
+Here the model keeps its HF-named projections (checkpoints, quantizers and the GGUF writer see
+``q_proj``, ``k_proj`` ...), and :func:`pack_projections` stacks them after loading: the packed
+tensor owns the memory and each projection's weight becomes a view of its rows, so nothing is
+stored twice. Every format whose tensors are laid out by output row packs: fp32/fp16 ``nn.Linear``,
+INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_K. NF4 (blocks over the flattened weight) and
+act-order INT4 (a column permutation per projection) stay unpacked. If a projection is replaced or
+moved later (``replace_linears``, ``.to()``), its layer notices and drops the packed copy.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def _tensors(m: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    out = {n: ("p", t) for n, t in m._parameters.items() if t is not None}
+    out.update({n: ("b", t) for n, t in m._buffers.items() if t is not None})
+    return out
+
+
+def _settings(m: nn.Module) -> dict:
+    """The module's plain attributes other than its size (group size, bits, block type...)."""
+    return {k: v for k, v in vars(m).items()
+            if not k.startswith("_") and k not in ("out_features", "training") and not isinstance(v, torch.Tensor)}
+
+
+def _packable(parts: list[nn.Module]) -> bool:
+    first = parts[0]
+    quantized = hasattr(first, "dequantize") and hasattr(first, "in_features")  # an inferlab QuantLinear
+    if not (isinstance(first, nn.Linear) or quantized) or any(type(p) is not type(first) for p in parts):
+        return False
+    if getattr(first, "perm", None) is not None or any(p._modules for p in parts):
+        return False  # act-order INT4: each projection permutes its input its own way
+    if "weight" not in first._parameters and "qweight" not in first._buffers:
+        return False
+    if type(first).__name__ == "NF4Linear":
+        return False  # blocks run over the flattened weight, not by row
+    names = _tensors(first).keys()
+    settings = _settings(first)
+    for p in parts:
+        ts = _tensors(p)
+        if ts.keys() != names or _settings(p) != settings or p.in_features != first.in_features:
+            return False
+        for n, (_, t) in ts.items():
+            ref = _tensors(first)[n][1]
+            if t.dim() == 0 or t.shape[0] != p.out_features or t.shape[1:] != ref.shape[1:] \
+                    or t.dtype != ref.dtype or t.device != ref.device:
+                return False
+    return True
+
+
+class PackedLinear:
+    """Row-stacked projections of one input, run as one module; calling it returns their outputs.
+
+    Not an ``nn.Module`` on purpose: it is not a submodule of the layer, so ``state_dict``,
+    ``parameters()`` and ``replace_linears`` see only the HF-named projections, which view its rows.
+    """
+
+    def __init__(self, parts: list[nn.Module]):
+        self.sizes = [p.out_features for p in parts]
+        fused = copy.deepcopy(parts[0])
+        fused.out_features = sum(self.sizes)
+        for name, (kind, _) in _tensors(parts[0]).items():
+            full = torch.cat([_tensors(p)[name][1].detach() for p in parts]).contiguous()
+            if kind == "p":
+                fused._parameters[name] = nn.Parameter(full, requires_grad=False)
+            else:
+                fused._buffers[name] = full
+            start = 0
+            for p, n in zip(parts, self.sizes):
+                rows = full[start:start + n]
+                if kind == "p":
+                    p._parameters[name] = nn.Parameter(rows, requires_grad=p._parameters[name].requires_grad)
+                else:
+                    p._buffers[name] = rows
+                start += n
+        self.fused = fused
+        self._parts = parts
+        self._ptrs = [self._ptr(p) for p in parts]
+
+    @staticmethod
+    def _ptr(part: nn.Module) -> int:
+        """Where the part's main tensor (``weight`` or ``qweight``) lives: it moves if replaced."""
+        t = part._parameters.get("weight")
+        return (t if t is not None else part._buffers["qweight"]).data_ptr()
+
+    def intact(self, *parts: nn.Module) -> bool:
+        """Are ``parts`` still the projections this was packed from, viewing its memory?"""
+        return all(p is q and self._ptr(p) == ptr for p, q, ptr in zip(parts, self._parts, self._ptrs))
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.fused(x).split(self.sizes, dim=-1)
+
+
+def pack(owner: nn.Module, attr: str, parts: list[nn.Module]) -> bool:
+    """Pack ``parts`` into ``owner.<attr>`` (outside its submodules); False where they cannot pack."""
+    packed = PackedLinear(parts) if _packable(parts) else None
+    object.__setattr__(owner, attr, packed)
+    return packed is not None
+
+
+def pack_projections(model: nn.Module) -> int:
+    """Pack q/k/v and gate/up in every layer of ``model``; returns how many groups were packed."""
+    n = 0
+    for layer in model.model.layers:
+        a = layer.self_attn
+        n += pack(a, "packed_qkv", [a.q_proj, a.k_proj, a.v_proj])
+        if hasattr(layer.mlp, "gate_proj"):  # a dense MLP (a MoE layer's experts stay as they are)
+            n += pack(layer.mlp, "packed_gate_up", [layer.mlp.gate_proj, layer.mlp.up_proj])
+    return n
+
+
+def use_packed(owner: nn.Module, attr: str, *parts: nn.Module) -> PackedLinear | None:
+    """The packed module of ``owner`` if it still matches ``parts``; a stale one is dropped (freed)."""
+    packed = owner.__dict__.get(attr)
+    if packed is None:
+        return None
+    if packed.intact(*parts):
+        return packed
+    object.__setattr__(owner, attr, None)
+    return None
