@@ -7,8 +7,18 @@ reaches p, then one token is drawn. Temperature 0 means greedy (argmax).
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each of a request's outputs carries (vLLM's names). CUMULATIVE: the text and token ids
+    so far, every step; DELTA: only what is new since the previous output (a stream's cost stays
+    per token, not per token so far); FINAL_ONLY: one output, when the request finishes."""
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclasses.dataclass
@@ -22,14 +32,21 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     n: int = 1  # completions per prompt (parallel sampling: the engine forks them, copy-on-write)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0:  # NaN fails this too
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
+        if isinstance(self.output_kind, str):
+            if self.output_kind.upper() not in RequestOutputKind.__members__:
+                raise ValueError(f"output_kind must be one of {', '.join(RequestOutputKind.__members__)}, "
+                                 f"got {self.output_kind!r}")
+            self.output_kind = RequestOutputKind[self.output_kind.upper()]
+        self.output_kind = RequestOutputKind(self.output_kind)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

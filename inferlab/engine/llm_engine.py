@@ -29,7 +29,7 @@ from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.engine.spec_decode import propose, verify
-from inferlab.sampling import SamplingParams, make_generator, sample
+from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
 
 
 class LLMEngine:
@@ -63,7 +63,9 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     arrival_time: float | None = None, stream: bool = True) -> None:
-        """Queue a request. ``stream=False`` (vLLM's FINAL_ONLY): ``step`` reports it once, finished."""
+        """Queue a request. ``stream=False`` or ``output_kind=FINAL_ONLY`` in its params: ``step``
+        reports it once, finished; otherwise every step that gives it tokens reports it, whole
+        (CUMULATIVE) or as what is new (DELTA)."""
         params = sampling_params or SamplingParams()
         request_id = str(request_id)
         if request_id in self.requests:
@@ -90,6 +92,7 @@ class LLMEngine:
         seq = self._new_seq(request_id, ids, params, 0)
         seq.num_pending_forks = params.n - 1
         metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
+        stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
         self.requests[request_id] = Request(request_id, text, ids, params, [seq], metrics, stream=stream)
         self.scheduler.add(seq)
 
@@ -226,15 +229,17 @@ class LLMEngine:
         comps = [self._completion(seq) for seq in sorted(req.seqs, key=lambda s: s.index)]
         if req.finished:
             self.requests.pop(req.request_id, None)
-        return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), comps, req.finished, req.metrics)
+        # the prompt's ids are never changed by the engine: every output shares the request's list
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, comps, req.finished, req.metrics)
 
     def _completion(self, seq: EngineSequence) -> CompletionOutput:
-        text = seq.output_text(self.tokenizer)
         delta = seq.take_delta()  # holds back a half character and a stop string's possible start
         ids = seq.output_token_ids
         new_ids = ids[seq.sent_tokens:]
         seq.sent_tokens = len(ids)
-        return CompletionOutput(seq.index, text, list(ids), seq.finish_reason, delta, new_ids)
+        if seq.params.output_kind == RequestOutputKind.DELTA:  # no copy of what was sent before
+            return CompletionOutput(seq.index, delta, new_ids, seq.finish_reason, delta, new_ids)
+        return CompletionOutput(seq.index, seq.output_text(self.tokenizer), list(ids), seq.finish_reason, delta, new_ids)
 
     @property
     def num_running(self) -> int:
