@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import http.server
 import os
-import shutil
 import sys
 import threading
 from pathlib import Path
@@ -17,24 +16,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root holds book/
 from book import build as book  # noqa: E402
 
+from .lab import CHROMIUM_ARGS, chromium_path  # noqa: E402
+
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(os.environ.get("INFERLAB_ARTIFACTS", book.REPO / "build" / "artifacts")) / "book"
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 DRAW_TIMEOUT_MS = 60_000
 NOTEBOOK_00 = "notebooks/00_why_inference_is_slow.html"
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        message = "headless Chromium is needed for this test: apt-get install chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -12,56 +12,20 @@ The test drives Debian's chromium (Playwright's own browser download needs the n
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from inferlab.viz import workspace as ws
 
+from .lab import ARTIFACTS, ROOT, open_notebook, run_all
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = "notebooks/00_why_inference_is_slow.ipynb"
 LAB = "labs/00_roofline"
-ARTIFACTS = Path(os.environ.get("INFERLAB_ARTIFACTS", ROOT / "runs" / "artifacts"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
-# Test-only user setting: keep every cell in the DOM (no virtual scrolling) so all can be read.
-# Everything else (autosave on, no news prompt) is what `make lab` gives a student.
-LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"}}
 CALC = ".inferlab-roofline-calculator"
-
-
-def _require(condition: bool, message: str) -> None:
-    if condition:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(message + " (required under CI)")
-    pytest.skip(message)
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    _require(path is not None, "chromium is not installed: run `apt-get install chromium` (Debian/Ubuntu) "
-                               "to run the browser tests")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        _require(False, "playwright is not installed: `make setup` installs it")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _git_status() -> str:
@@ -70,79 +34,6 @@ def _git_status() -> str:
                           cwd=ROOT, capture_output=True, text=True)
     return proc.stdout if proc.returncode == 0 else f"(git status failed: {proc.stderr.strip()})"
 
-
-@pytest.fixture(scope="module")
-def jupyterlab(tmp_path_factory):
-    """`make lab`'s JupyterLab (same command, environment and settings) on a free loopback port,
-    serving a workspace made from this repository, with no token."""
-    base = tmp_path_factory.mktemp("jupyterlab")
-    workspace = base / "workspace"
-    ws.sync(ROOT, workspace)
-    settings = base / "user-settings"
-    for name, values in LAB_SETTINGS.items():
-        plugin_dir, file = name.rsplit("/", 1)
-        (settings / plugin_dir).mkdir(parents=True, exist_ok=True)
-        (settings / plugin_dir / file).write_text(json.dumps(values))
-    port = _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(base / "config"), "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-           "JUPYTER_DATA_DIR": str(base / "data"), "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    # `inferlab` off the PATH, as in a student's shell that never activated the venv: the launcher adds it
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if p and not (Path(p) / "inferlab").exists())
-    env = ws.lab_env(env)
-    cmd = ws.lab_command(workspace, "--no-browser", "--ServerApp.ip=127.0.0.1",
-                         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
-                         "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
-                         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={base / 'workspaces'}")
-    log = open(base / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=log, stderr=subprocess.STDOUT)  # as make lab
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{(base / 'server.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not answer in 90 s:\n{(base / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url, workspace
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(base / "server.log", ARTIFACTS / "jupyterlab_server.log")
-
-
-RUN_ALL_AND_COLLECT = """
-async () => {
-  const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
-  await panel.context.ready;
-  await panel.sessionContext.ready;
-  await app.commands.execute("notebook:run-all-cells");
-  await app.commands.execute("docmanager:save");  // what a student's Ctrl+S (or autosave) does
-  const cells = [];
-  for (const cell of panel.content.model.cells) {
-    if (cell.type !== "code") continue;
-    const outputs = [];
-    for (let i = 0; i < cell.outputs.length; i++) outputs.push(cell.outputs.get(i).toJSON());
-    cells.push({source: cell.sharedModel.getSource().slice(0, 80),
-                execution_count: cell.executionCount, outputs});
-  }
-  return cells;
-}
-"""
 
 # What plotly drew, figure by figure: each trace's coordinates as plotly.js holds them, and the
 # problems a reader would see (a coordinate that is missing, not finite, or not positive on a log
@@ -234,120 +125,80 @@ def _kernel_output(page, code: str) -> str:
         return text; }""", code)
 
 
-def offline_context(p, chromium: str, profile, url: str, blocked: list):
-    """Headless Chromium whose page may reach only the JupyterLab server at ``url`` (and data:,
-    blob:, loopback websockets); every other request is aborted and recorded in ``blocked``."""
-    def only_loopback(route):
-        req = route.request.url
-        if req.startswith((url, "data:", "blob:")) or req.startswith("ws://127.0.0.1"):
-            route.continue_()
-        else:
-            blocked.append(req)
-            route.abort()
-
-    context = p.chromium.launch_persistent_context(
-        str(profile), executable_path=chromium, headless=True,
-        args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
-    context.route("**/*", only_loopback)
-    return context
-
-
 def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, workspace = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for stale in ARTIFACTS.glob("jupyterlab_00*"):
         stale.unlink()
     git_before = _git_status()
-    blocked, page_errors, console = [], [], []
 
-    with sync_playwright() as p:
-        context = offline_context(p, chromium, tmp_path / "chromium-profile", url, blocked)
-        page = None
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
-            page.goto(url, wait_until="domcontentloaded", timeout=120_000)  # what `make lab` opens
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-            opened = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.path")
-            assert opened == NOTEBOOK, f"JupyterLab opened {opened!r} first"
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    # None: the page `make lab` opens, which must show notebook 00 first
+    with open_notebook(chromium, url, tmp_path / "chromium-profile", None, "00",
+                       console_log=ARTIFACTS / "jupyterlab_00_console.txt") as (page, _):
+        opened = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.path")
+        assert opened == NOTEBOOK, f"JupyterLab opened {opened!r} first"
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
 
-            cells = page.evaluate(RUN_ALL_AND_COLLECT)
+        cells = run_all(page)
+        assert cells and all(c["execution_count"] for c in cells), \
+            [c["source"] for c in cells if not c["execution_count"]]
 
-            errors = [(c["source"], o) for c in cells for o in c["outputs"] if o.get("output_type") == "error"]
-            assert not errors, "cells raised:\n" + "\n\n".join(
-                f"{src!r}: {o.get('ename')}: {o.get('evalue')}" for src, o in errors)
-            assert cells and all(c["execution_count"] for c in cells), \
-                [c["source"] for c in cells if not c["execution_count"]]
+        page.locator(CALC).scroll_into_view_if_needed(timeout=60_000)
+        expect(page.locator(f"{CALC} .js-plotly-plot svg.main-svg").first).to_be_visible(timeout=60_000)
+        page.wait_for_function("(n) => document.querySelectorAll('.jp-OutputArea .js-plotly-plot"
+                               " svg.main-svg').length >= n", arg=2, timeout=60_000)
+        page.wait_for_timeout(500)
+        # JupyterLab draws mermaid to an SVG and shows it as an <img> (svg, for older versions)
+        expect(page.locator(".jp-OutputArea .jp-RenderedMermaid img[src^='data:image/svg+xml'], "
+                            ".jp-OutputArea .jp-RenderedMermaid svg").first).to_be_attached(timeout=30_000)
+        assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0, \
+            "mermaid could not parse the diagram"
 
-            page.locator(CALC).scroll_into_view_if_needed(timeout=60_000)
-            expect(page.locator(f"{CALC} .js-plotly-plot svg.main-svg").first).to_be_visible(timeout=60_000)
-            page.wait_for_function("(n) => document.querySelectorAll('.jp-OutputArea .js-plotly-plot"
-                                   " svg.main-svg').length >= n", arg=2, timeout=60_000)
+        # First view: 70B fp16 batch 1 on an H100 is memory-bound, so the decode point is on the slope.
+        first = _check_figures(page, "on first render")
+        assert first["on_slope"] and first["decode"][0] == pytest.approx(1.0), first
+        page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
+
+        seen = [_change(page, "the batch", _press(page, "batch", "ArrowRight", 3))]
+        assert "batch 8" in seen[-1]["title"] and seen[-1]["decode"][0] == pytest.approx(8.0)
+        seen.append(_change(page, "the precision", _press(page, "precision", "ArrowRight", 2)))
+        seen.append(_change(page, "the model size", _press(page, "params", "ArrowLeft", 4)))
+        for hardware in ("H200 SXM", "this machine (measured)", "A100 80GB SXM"):
+            seen.append(_change(page, f"the hardware to {hardware}",
+                                lambda h=hardware: page.locator(f"{CALC} select").first.select_option(h)))
+            assert hardware.split(" (")[0] in seen[-1]["title"]
+        page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator_after.png"))
+        header = page.locator(f"{CALC} .widget-html-content").first.inner_text()
+        assert "batch of 8" in header and "A100" in header, header
+        assert page.get_by_text("Jupyter news").count() == 0, "JupyterLab asked about news"
+
+        # The lab, from a cell of the notebook: `inferlab` is on the kernel's PATH.
+        graded = _kernel_output(page, f"!inferlab grade ../{LAB} --quiet")
+        assert "score: 0/" in graded, graded  # the untouched starter, graded in the workspace
+        # "Your turn" opens the lab's README in JupyterLab (not a 404)
+        link = page.locator(".jp-RenderedMarkdown a", has_text="Lab 00 · the roofline model").first
+        link.scroll_into_view_if_needed()
+        link.click()
+        page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.context"
+                               f" && window.jupyterapp.shell.currentWidget.context.path === '{LAB}/README.md'",
+                               timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_lab_readme.png"))
+
+        # ... and from a JupyterLab terminal, which opens in the workspace beside labs/
+        assert page.evaluate("() => window.jupyterapp.commands.hasCommand('terminal:create-new')"), \
+            "JupyterLab has no terminals (is jupyter_server_terminals installed and enabled?)"
+        page.evaluate("() => window.jupyterapp.commands.execute('terminal:create-new')")
+        page.locator(".jp-Terminal .xterm-helper-textarea").last.focus()
+        page.wait_for_timeout(1500)  # the shell prints its prompt
+        page.keyboard.type(f"inferlab grade {LAB} --quiet > terminal-grade.txt 2>&1\n", delay=5)
+        result = workspace / "terminal-grade.txt"
+        deadline = time.monotonic() + 90
+        while not (result.exists() and "score:" in result.read_text()) and time.monotonic() < deadline:
             page.wait_for_timeout(500)
-            # JupyterLab draws mermaid to an SVG and shows it as an <img> (svg, for older versions)
-            expect(page.locator(".jp-OutputArea .jp-RenderedMermaid img[src^='data:image/svg+xml'], "
-                                ".jp-OutputArea .jp-RenderedMermaid svg").first).to_be_attached(timeout=30_000)
-            assert page.locator(".jp-OutputArea .jp-RenderedMermaid.jp-mod-warning").count() == 0, \
-                "mermaid could not parse the diagram"
-
-            # First view: 70B fp16 batch 1 on an H100 is memory-bound, so the decode point is on the slope.
-            first = _check_figures(page, "on first render")
-            assert first["on_slope"] and first["decode"][0] == pytest.approx(1.0), first
-            page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
-
-            seen = [_change(page, "the batch", _press(page, "batch", "ArrowRight", 3))]
-            assert "batch 8" in seen[-1]["title"] and seen[-1]["decode"][0] == pytest.approx(8.0)
-            seen.append(_change(page, "the precision", _press(page, "precision", "ArrowRight", 2)))
-            seen.append(_change(page, "the model size", _press(page, "params", "ArrowLeft", 4)))
-            for hardware in ("H200 SXM", "this machine (measured)", "A100 80GB SXM"):
-                seen.append(_change(page, f"the hardware to {hardware}",
-                                    lambda h=hardware: page.locator(f"{CALC} select").first.select_option(h)))
-                assert hardware.split(" (")[0] in seen[-1]["title"]
-            page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator_after.png"))
-            header = page.locator(f"{CALC} .widget-html-content").first.inner_text()
-            assert "batch of 8" in header and "A100" in header, header
-            assert page.get_by_text("Jupyter news").count() == 0, "JupyterLab asked about news"
-
-            # The lab, from a cell of the notebook: `inferlab` is on the kernel's PATH.
-            graded = _kernel_output(page, f"!inferlab grade ../{LAB} --quiet")
-            assert "score: 0/" in graded, graded  # the untouched starter, graded in the workspace
-            # "Your turn" opens the lab's README in JupyterLab (not a 404)
-            link = page.locator(".jp-RenderedMarkdown a", has_text="Lab 00 · the roofline model").first
-            link.scroll_into_view_if_needed()
-            link.click()
-            page.wait_for_function(f"() => window.jupyterapp.shell.currentWidget.context"
-                                   f" && window.jupyterapp.shell.currentWidget.context.path === '{LAB}/README.md'",
-                                   timeout=30_000)
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_lab_readme.png"))
-
-            # ... and from a JupyterLab terminal, which opens in the workspace beside labs/
-            assert page.evaluate("() => window.jupyterapp.commands.hasCommand('terminal:create-new')"), \
-                "JupyterLab has no terminals (is jupyter_server_terminals installed and enabled?)"
-            page.evaluate("() => window.jupyterapp.commands.execute('terminal:create-new')")
-            page.locator(".jp-Terminal .xterm-helper-textarea").last.focus()
-            page.wait_for_timeout(1500)  # the shell prints its prompt
-            page.keyboard.type(f"inferlab grade {LAB} --quiet > terminal-grade.txt 2>&1\n", delay=5)
-            result = workspace / "terminal-grade.txt"
-            deadline = time.monotonic() + 90
-            while not (result.exists() and "score:" in result.read_text()) and time.monotonic() < deadline:
-                page.wait_for_timeout(500)
-            assert result.exists() and "score: 0/" in result.read_text(), \
-                result.read_text() if result.exists() else "the terminal never ran the grader"
-        except BaseException:
-            if page is not None:  # keep what the browser showed, for whoever reads the failure
-                page.screenshot(path=str(ARTIFACTS / "jupyterlab_00_failure.png"))
-                (ARTIFACTS / "jupyterlab_00_failure.html").write_text(page.content())
-            raise
-        finally:
-            context.close()
-            (ARTIFACTS / "jupyterlab_00_console.txt").write_text("\n".join(console))
-    assert not page_errors, f"JavaScript errors in the page: {page_errors}"
-    assert not blocked, f"the page asked for non-local resources (all blocked): {blocked[:10]}"
+        assert result.exists() and "score: 0/" in result.read_text(), \
+            result.read_text() if result.exists() else "the terminal never ran the grader"
 
     # The run was saved to the workspace copy, and no tracked file of the course changed.
     saved = json.loads((workspace / NOTEBOOK).read_text())

@@ -3,28 +3,28 @@ raises nothing; on first view every trace of every figure holds its data, finite
 log axis); every control of every live widget changes the plotted data (not only a title); and
 bars on a category axis carry their labels.
 
-Reuses notebook 00's server and browser fixtures (a workspace copy, loopback only). Each notebook
-runs in full, so these are slow: run one with ``-k 06``.
+Opens each notebook with the shared helper of lab.py (`make lab`'s server on a workspace copy,
+loopback only). Each notebook runs in full, so these are slow: run one with ``-k 06``.
 """
 from __future__ import annotations
 
 import pytest
 
-from .test_jupyterlab import (  # noqa: F401  (fixtures are found by name)
-    ARTIFACTS, RUN_ALL_AND_COLLECT, chromium, jupyterlab, offline_context)
+from .lab import ARTIFACTS, open_notebook, run_all
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 # Notebook 00 and 02 have their own tests (test_jupyterlab.py, test_jupyterlab_02.py); 02 is also
 # checked here, by the same rules as the rest.
 NOTEBOOKS = ["01_quantization", "02_kv_cache", "03_attention_kernels", "05_continuous_batching",
-             "06_mixture_of_experts"]
+             "06_mixture_of_experts", "07_serving_strategies", "08_capstone"]
 
 # What plotly drew, figure by figure: per trace, the problems a reader would see. Both coordinates
-# are given (one for a box or a histogram), as finite numbers (positive on a log axis) or labels on
-# a category axis, and as many x as y; a heatmap's z may hold nulls (blank cells), not only nulls.
-# A trace with no points at all is a legend entry for an event the run did not have: allowed.
-# For bars on a category axis, every label is drawn as a tick.
+# are given (one for a box or a histogram; a series of two or more y may leave x to its index), as
+# finite numbers (positive on a log axis) or labels on a category axis, and as many x as y; a
+# heatmap's z may hold nulls (blank cells), not only nulls. A trace with no points at all is a
+# legend entry for an event the run did not have: allowed. For bars on a category axis, every
+# label is drawn as a tick.
 FIGURES = """
 (scope) => [...document.querySelectorAll(scope + ' .jp-OutputArea .js-plotly-plot')].map((gd, index) => {
   const full = gd._fullLayout || {};
@@ -38,7 +38,11 @@ FIGURES = """
     const data = {};
     // a trace with no points at all (a legend entry for an event this run did not have) draws nothing
     const empty = keys.every((k) => raw[k] !== undefined && raw[k] !== null && raw[k].length === 0);
-    for (const key of empty ? [] : keys) {
+    // a series given by y alone sits at x = x0 + i * dx (plotly's documented default, here the
+    // step); one point without its x is still a fault (it lands at 0), and so is a missing y
+    const implied = (k) => k === 'x' && ['scatter', 'bar'].includes(t.type) && raw.x === undefined
+      && raw.y && raw.y.length >= 2;
+    for (const key of empty ? [] : keys.filter((k) => !implied(k))) {
       const v = raw[key];
       if (v === undefined || v === null || v.length === 0) { bad.push(key + ' is missing'); continue; }
       const values = Array.from(v);
@@ -61,8 +65,9 @@ FIGURES = """
     if (data.x && data.y && data.x.length !== data.y.length) bad.push('x and y differ in length');
     let labels = null;
     if (t.type === 'bar' && axes.x && axes.x.type === 'category' && data.x) {
-      const ticks = [...gd.querySelectorAll('g.' + (t.xaxis || 'x') + 'tick text')].map((e) => e.textContent);
-      const missing = data.x.filter((c) => !ticks.includes(String(c)));
+      // (spaces around a label are not seen, and SVG text may keep or drop them)
+      const ticks = [...gd.querySelectorAll('g.' + (t.xaxis || 'x') + 'tick text')].map((e) => e.textContent.trim());
+      const missing = data.x.filter((c) => !ticks.includes(String(c).trim()));
       if (data.x.length <= 24 && missing.length) bad.push('bars without their label: ' + missing.join(', '));
       labels = ticks;
     }
@@ -132,73 +137,46 @@ def _operate(page, kind: str, control) -> None:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_in_jupyterlab(chromium, jupyterlab, tmp_path, name):
-    from playwright.sync_api import sync_playwright
-
     url, _ = jupyterlab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    blocked, page_errors = [], []
-    with sync_playwright() as p:
-        context = offline_context(p, chromium, tmp_path / "chromium-profile", url, blocked)
-        page = None
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.goto(f"{url}/lab/tree/notebooks/{name}.ipynb", wait_until="domcontentloaded", timeout=120_000)
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
-            # JupyterLab restores tabs an earlier test opened: wait until this notebook is the current
-            # widget, and look only inside its panel
-            page.wait_for_function("(path) => { const w = window.jupyterapp.shell.currentWidget;"
-                                   " return w && w.context && w.context.path === path; }",
-                                   arg=f"notebooks/{name}.ipynb", timeout=120_000)
-            scope = '[id="%s"]' % page.evaluate("() => window.jupyterapp.shell.currentWidget.id")
-            page.wait_for_selector(f"{scope} .jp-Notebook .jp-Cell", timeout=60_000)
-            cells = page.evaluate(RUN_ALL_AND_COLLECT)
-            errors = [(c["source"], o) for c in cells for o in c["outputs"] if o.get("output_type") == "error"]
-            assert not errors, "cells raised:\n" + "\n\n".join(
-                f"{src!r}: {o.get('ename')}: {o.get('evalue')}" for src, o in errors)
+    with open_notebook(chromium, url, tmp_path / "chromium-profile", f"notebooks/{name}.ipynb", name) as (page, scope):
+        cells = run_all(page)
 
-            outputs = [o for c in cells for o in c["outputs"]]
-            static = sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
-            live = sum("live in JupyterLab" in str(o.get("data", {}).get("text/plain", "")) for o in outputs)
-            page.wait_for_function(
-                "([scope, n]) => [...document.querySelectorAll(scope + ' .jp-OutputArea .js-plotly-plot')]"
-                ".filter((gd) => gd._fullLayout && gd.querySelector('svg.main-svg')).length >= n",
-                arg=[scope, static + live], timeout=120_000)
-            page.wait_for_timeout(500)
-            figures = _check_figures(page, scope, "on first view")
-            assert sum(f["live"] for f in figures) >= live, f"{live} live widgets, fewer figures drawn"
-            page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_first_view.png"), full_page=True)
+        outputs = [o for c in cells for o in c["outputs"]]
+        static = sum("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
+        live = sum("live in JupyterLab" in str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+        page.wait_for_function(
+            "([scope, n]) => [...document.querySelectorAll(scope + ' .jp-OutputArea .js-plotly-plot')]"
+            ".filter((gd) => gd._fullLayout && gd.querySelector('svg.main-svg')).length >= n",
+            arg=[scope, static + live], timeout=120_000)
+        page.wait_for_timeout(500)
+        figures = _check_figures(page, scope, "on first view")
+        assert sum(f["live"] for f in figures) >= live, f"{live} live widgets, fewer figures drawn"
+        page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_first_view.png"), full_page=True)
 
-            outs = page.locator(f"{scope} .jp-OutputArea-output:has(.inferlab-live-figure)")
-            assert outs.count() == live, f"{live} live widgets in the outputs, {outs.count()} on the page"
-            moved = []
-            for k in range(outs.count()):
-                out = outs.nth(k)
-                controls = _controls(out)
-                assert controls, f"live widget {k} has no control"
-                for kind, control in controls:
-                    print(f"{name}: live widget {k}, {kind}", flush=True)
-                    out.evaluate("(e) => e.scrollIntoView({block: 'center'})")
-                    before = page.evaluate(LIVE_DATA, [scope, k])
-                    _operate(page, kind, control)
-                    try:
-                        page.wait_for_function(f"(old) => ({LIVE_DATA})([{scope!r}, {k}]) !== old", arg=before,
-                                               timeout=60_000)
-                    except Exception as exc:
-                        raise AssertionError(f"live widget {k}: moving its {kind} did not change the "
-                                             "plotted data") from exc
-                    page.wait_for_timeout(300)
-                    _check_figures(page, scope, f"after moving live widget {k}'s {kind}")
-                    moved.append(f"{k}: {kind}")
-                out.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_live_{k}.png"))
-            print(f"{name}: {len(figures)} figures checked, controls moved: {moved}")
-        except BaseException:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_failure.png"))
-                (ARTIFACTS / f"jupyterlab_{name}_failure.html").write_text(page.content())
-            raise
-        finally:
-            context.close()
-    assert not page_errors, f"JavaScript errors in the page: {page_errors}"
-    assert not blocked, f"the page asked for non-local resources (all blocked): {blocked[:10]}"
+        outs = page.locator(f"{scope} .jp-OutputArea-output:has(.inferlab-live-figure)")
+        assert outs.count() == live, f"{live} live widgets in the outputs, {outs.count()} on the page"
+        everywhere = _controls(page.locator(f"{scope} .jp-OutputArea"))
+        in_live = sum(len(_controls(outs.nth(k))) for k in range(outs.count()))
+        assert len(everywhere) == in_live, (f"{len(everywhere) - in_live} control(s) outside a live figure, which "
+                                            f"this test cannot check: {[kind for kind, _ in everywhere]}")
+        moved = []
+        for k in range(outs.count()):
+            out = outs.nth(k)
+            controls = _controls(out)
+            assert controls, f"live widget {k} has no control"
+            for kind, control in controls:
+                print(f"{name}: live widget {k}, {kind}", flush=True)
+                out.evaluate("(e) => e.scrollIntoView({block: 'center'})")
+                before = page.evaluate(LIVE_DATA, [scope, k])
+                _operate(page, kind, control)
+                try:
+                    page.wait_for_function(f"(old) => ({LIVE_DATA})([{scope!r}, {k}]) !== old", arg=before,
+                                           timeout=60_000)
+                except Exception as exc:
+                    raise AssertionError(f"live widget {k}: moving its {kind} did not change the "
+                                         "plotted data") from exc
+                page.wait_for_timeout(300)
+                _check_figures(page, scope, f"after moving live widget {k}'s {kind}")
+                moved.append(f"{k}: {kind}")
+            out.screenshot(path=str(ARTIFACTS / f"jupyterlab_{name}_live_{k}.png"))
+        print(f"{name}: {len(figures)} figures checked, controls moved: {moved}")
