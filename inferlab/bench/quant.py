@@ -110,8 +110,9 @@ def _row(model_name: str, name: str, bits: int, group, max_tokens: int | None, c
            "decode_tokens_per_s": round(_decode_tokens_per_s(model, prompt, new_tokens, repeats), 1),
            "quantize_s": round(seconds, 1), "ppl_tokens": res["tokens"],
            "ppl_protocol": protocol(res, total=len(ids) - 1)}
-    if name in ("q8_0", "q4_0", "q4_k"):
-        row["llama_cpp_decode_tokens_per_s"] = _llama_cpp_tokens_per_s(model, tok, name, prompt, new_tokens)
+    if name in ("fp32", "q8_0", "q4_0", "q4_k"):
+        row["llama_cpp_decode_tokens_per_s"] = _llama_cpp_tokens_per_s(model, tok, "f32" if name == "fp32" else name,
+                                                                        prompt, new_tokens)
     return row
 
 
