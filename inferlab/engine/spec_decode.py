@@ -14,15 +14,18 @@ from inferlab.sampling import probs_from_logits, sample
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
-def propose(running, k: int, proposer=None) -> None:
+def propose(running, k: int, proposer=None, medusa=None) -> None:
     """Each decoding sequence guesses its next tokens (never more than it may still emit after
-    the token the verify step adds); the others guess nothing. Without a ``proposer`` (a draft
-    model guesses after scheduling: its guesses' K/V need the reserved slots) a sequence only
-    reserves its k places, filled by ``inferlab.engine.draft``."""
+    the token the verify step adds); the others guess nothing. ``proposer`` guesses from the
+    tokens (n-gram); ``medusa`` hands out what its heads guessed at the sequence's last step.
+    With neither (a draft model guesses after scheduling: its guesses' K/V need the reserved
+    slots) a sequence only reserves its k places, filled by ``inferlab.engine.draft``."""
     for seq in running:
         room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
         if not seq.is_decoding or room <= 0:
             seq.spec_token_ids = []
+        elif medusa is not None:
+            seq.spec_token_ids = medusa.propose(seq)[:room]
         elif proposer is None:
             seq.spec_token_ids = [0] * room
         else:
