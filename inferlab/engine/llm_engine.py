@@ -24,13 +24,11 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
-from inferlab.engine.draft import DraftProposer
-from inferlab.engine.medusa import MedusaProposer
 from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.engine.spec_decode import propose, verify
+from inferlab.engine.spec_decode import make_proposers, propose, verify
 from inferlab.sampling import SamplingParams, make_generator, sample
 from inferlab.spec.medusa import capture_hidden
 
@@ -45,19 +43,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
-        spec = c.speculative_config
-        self.proposer = spec.make_proposer() if spec is not None and spec.method == "ngram" else None
-        self.draft = None
-        if spec is not None and spec.method == "draft":
-            from inferlab.loader import load_checkpoint
-            draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
-            self.draft = DraftProposer(draft, model, c.num_kv_blocks, c.block_size, draft_tokenizer, tokenizer)
-        self.medusa = None
-        if spec is not None and spec.method == "medusa":
-            if spec.model is None:
-                raise ValueError("the medusa method needs the heads' folder: give speculative_config 'model' "
-                                 "(LLM(model=...) finds <model>_medusa itself; train heads with `inferlab train medusa`)")
-            self.medusa = MedusaProposer(model, spec.model, spec.num_speculative_tokens)
+        # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
+        self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()

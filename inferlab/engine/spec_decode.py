@@ -1,5 +1,5 @@
 """Speculative decoding's two hooks in the engine's step (vLLM v1: proposals before scheduling,
-rejection sampling after the forward).
+rejection sampling after the forward), and the proposers the engine builds from its config.
 
 ``propose`` gives each decoding sequence its guesses (``spec_token_ids``) before the scheduler
 runs, so the token budget and the KV slots count them. ``verify`` turns the step's logits (the
@@ -10,8 +10,29 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.engine.draft import DraftProposer
+from inferlab.engine.medusa import MedusaProposer
+from inferlab.loader import load_checkpoint
 from inferlab.sampling import probs_from_logits, sample
 from inferlab.spec.rejection import greedy_verify, rejection_sample
+
+
+def make_proposers(config, model, tokenizer):
+    """(n-gram proposer, draft-model proposer, Medusa proposer) for ``config.speculative_config``;
+    all None without speculation, at most one set."""
+    spec = config.speculative_config
+    if spec is None:
+        return None, None, None
+    if spec.method == "ngram":
+        return spec.make_proposer(), None, None
+    if spec.method == "draft":
+        draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
+        return None, DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer,
+                                   tokenizer), None
+    if spec.model is None:
+        raise ValueError("the medusa method needs the heads' folder: give speculative_config 'model' "
+                         "(LLM(model=...) finds <model>_medusa itself; train heads with `inferlab train medusa`)")
+    return None, None, MedusaProposer(model, spec.model, spec.num_speculative_tokens)
 
 
 def propose(running, k: int, proposer=None, medusa=None) -> None:
