@@ -234,3 +234,16 @@ def test_reference_loop_matches_the_engine(target):
     assert stats.accepted > 0 and abs(stats.accepted - engine.counters["spec_decode_num_accepted_tokens"]) <= 2
     with pytest.raises(ValueError, match="num_speculative_tokens must be in 1..4"):
         MedusaGuesser(model, heads, 5)
+
+
+def test_generate_cli_with_medusa(capsys):
+    import json
+
+    from inferlab.generate_cli import main
+
+    args = ["def fib(n):\n", "--max-tokens", "24", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}']) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["spec_decode_num_drafts"] > 0
