@@ -247,3 +247,36 @@ def test_generate_cli_with_medusa(capsys):
     assert main(args + ["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}']) == 0
     spec = json.loads(capsys.readouterr().out)
     assert spec["token_ids"] == plain["token_ids"] and spec["spec_decode_num_drafts"] > 0
+
+
+def test_sampled_outputs_follow_the_target(target):
+    """The chi-square test of ``tests/engine/test_spec_distribution.py`` with Medusa's guesses:
+    3000 seeded requests at temperature 1, top-k 3; the joint of the first three tokens (two of
+    them through the verifier's deterministic-draft rule) follows the target's exact joint."""
+    import collections
+
+    from engine.test_spec_distribution import PROMPT, chi2_quantile, exact_joint
+
+    model, tok = target
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=4, ignore_eos=True)
+    prompt, n = tok.encode(PROMPT), 3000
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=256, enable_prefix_caching=True,
+                                                speculative_config={**MEDUSA, "num_speculative_tokens": 2}))
+    for i in range(n):
+        engine.add_request(str(i), prompt, SamplingParams(**{**params.__dict__, "seed": i}))
+    counts = collections.Counter()
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                counts[tuple(o.outputs[0].token_ids[:3])] += 1
+    c = engine.counters
+    assert c["spec_decode_num_drafts"] > n and 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
+    exp = exact_joint(model, prompt, params)
+    assert set(counts) <= set(exp)
+    big = [k for k, v in exp.items() if n * v >= 5]
+    small = [k for k in exp if k not in big]
+    cells = [(counts.get(k, 0), n * exp[k]) for k in big]
+    if small:
+        cells.append((sum(counts.get(k, 0) for k in small), n * sum(exp[k] for k in small)))
+    chi = sum((o - e) ** 2 / e for o, e in cells)
+    assert chi < chi2_quantile(len(cells) - 1), (chi, len(cells) - 1)
