@@ -4,6 +4,7 @@
     inferlab bench {decode,...} --json         measure against a baseline in the same process
     inferlab serve [--model M] [--port P]      an OpenAI-compatible HTTP server
     inferlab train                             train the embedded target/draft pair
+    inferlab train medusa                      Medusa heads on the frozen target (speculative decoding)
     inferlab eval ppl --model M --json         perplexity on the held-out stdlib split
     inferlab quantize --model M --method X --out DIR   quantize (int8, int4, gptq, awq, nf4, q4_k ...)
     inferlab models --json                     list the embedded models

@@ -6,6 +6,7 @@ paged KV cache, continuous batching, prefix caching and chunked prefill are knob
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 
@@ -33,7 +34,8 @@ class LLM:
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
     speculative_config: speculative decoding as a mode of the engine's step, vLLM's dict:
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
-        {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary).
+        {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary) or
+        {"method": "medusa", "num_speculative_tokens": 3} (Medusa heads, from <model>_medusa).
     quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
         "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
         already quantized and needs no argument.
@@ -49,7 +51,10 @@ class LLM:
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
                               gpu_memory_utilization, speculative_config)
-        SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
+        spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
+        if spec is not None and spec.method == "medusa" and spec.model is None:  # the heads beside the model
+            from inferlab.spec.medusa import heads_folder_for
+            config.speculative_config = dataclasses.replace(spec, model=str(heads_folder_for(model)))
         backend = get_backend(attention_backend)  # check the knobs before loading anything
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or default_device()))

@@ -558,7 +558,11 @@ def setup_logging(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["medusa"]:  # `inferlab train medusa`: heads on the frozen target
+        from inferlab.spec.medusa_train import main as train_medusa
+        return train_medusa(argv[1:])
+    args = build_parser().parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     known = [n for n in RECIPES if n != "tiny"]
     bad = [n for n in names if n not in known]
@@ -575,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     run_dir, out_dir = Path(args.run_dir), Path(args.out)
     setup_logging(run_dir)
-    log.info("inferlab train %s", " ".join(sys.argv[1:] if argv is None else argv))
+    log.info("inferlab train %s", " ".join(argv))
     pair = set(names) & set(TRAIN_ORDER)
     tok, streams, info = prepare_data(run_dir, args.vocab_size, args.max_files,
                                       shared_tokenizer=None if pair else Path(args.out) / "target" / "tokenizer.json")

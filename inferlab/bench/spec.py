@@ -8,7 +8,10 @@ length, the draft's cost c (one draft forward over one target forward), the veri
 (1 - a^(k+1)) / ((1 - a)(k c + v)). ``outputs_identical`` checks every output against plain
 decoding. The first table runs the contiguous reference loop (``inferlab.spec.reference``).
 
-The second (``engine``) runs speculation (n-gram and the draft model) as a mode of the engine's
+Medusa rows (``medusa``) use the heads shipped beside the target (``target_medusa``): their c is
+the cost of one head (residual block + lm_head) per guess, over one target forward.
+
+The second (``engine``) runs speculation (n-gram, the draft model, Medusa) as a mode of the engine's
 step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
 (same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved;
 as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
@@ -28,6 +31,8 @@ from inferlab.engine.llm_engine import LLMEngine
 from inferlab.generate import generate
 from inferlab.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
+from inferlab.errors import InferlabError
+from inferlab.spec.medusa import MedusaGuesser, heads_folder_for, load_heads
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
 from inferlab.spec.rejection import predicted_speedup
@@ -60,15 +65,37 @@ def _forward_cost(model, tokens: int, context: int, repeats: int = 20) -> float:
     return best
 
 
+def medusa_heads(target: str, model):
+    """The heads shipped beside ``target`` (None, with the reason, where there are none)."""
+    try:
+        return load_heads(heads_folder_for(target), model.config.hidden_size), None
+    except InferlabError as exc:
+        return None, str(exc)
+
+
+def _heads_cost(model, heads, k: int, repeats: int = 20) -> float:
+    """Best time of the k heads on one hidden state, per head (Medusa's c: one head per guess)."""
+    h = torch.zeros(1, model.config.hidden_size, dtype=model.dtype, device=model.device)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        heads.propose(h, model.lm_head, k)
+        best = min(best, time.perf_counter() - t)
+    return best / k
+
+
 def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: int = 4,
         prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 2) -> dict:
     tmodel, tok = load_checkpoint(target, device="cpu")
     dmodel, _ = load_checkpoint(draft, device="cpu")
+    heads, no_heads = medusa_heads(target, tmodel)
     prompts = held_out_prompts(tok, num_prompts, prompt_tokens)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     plain_out = [generate(tmodel, [p], [params])[0].output_token_ids for p in prompts]
     methods = [("ngram", k, lambda k=k: NgramProposer(k, 1, 4)) for k in ks]
     methods += [("draft", k, lambda k=k: DraftModelProposer(dmodel, k)) for k in ks]
+    if heads is not None:
+        methods += [("medusa", k, lambda k=k: MedusaGuesser(tmodel, heads, k)) for k in ks if k <= heads.num_heads]
 
     def plain():
         for p in prompts:
@@ -100,7 +127,8 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
         outs, stats = results[(name, k)]
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
         a = accepted / max(proposed, 1)
-        c = c_draft if name == "draft" else 0.0  # prompt lookup's cost is a few array scans
+        # prompt lookup's cost is a few array scans; Medusa's, one residual block and lm_head per guess
+        c = c_draft if name == "draft" else _heads_cost(tmodel, heads, k) / one if name == "medusa" else 0.0
         v = _forward_cost(tmodel, k + 1, prompt_tokens) / one
         rows.append({"method": name, "num_speculative_tokens": k,
                      "tokens_per_s": total_new / best[(name, k)],
@@ -112,7 +140,7 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
     return {"path": "contiguous reference loop, batch 1, greedy", "target": target, "draft": draft,
             "prompts": len(prompts), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
             "threads": torch.get_num_threads(), "baseline_tokens_per_s": total_new / best_plain,
-            "methods": rows}
+            "methods": rows, **({"medusa_skipped": no_heads} if heads is None else {})}
 
 
 def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, list, dict]:
@@ -129,9 +157,14 @@ def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, 
 
 
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
-                 new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft") -> list[dict]:
-    """Speculation through the engine against the engine without it, per batch size, method and k."""
-    runs = [(m, k) for m in methods for k in ks]
+                 new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft",
+                 medusa: tuple | None = None) -> list[dict]:
+    """Speculation through the engine against the engine without it, per batch size, method and k
+    (``medusa``: (the heads' folder, their number), for a "medusa" method: k up to that number)."""
+    runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
+    configs = {"ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4},
+               "draft": lambda k: {"model": draft, "num_speculative_tokens": k},
+               "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0])}}
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = held_out_prompts(tok, max(batch_sizes), prompt_tokens)
     rows = []
@@ -144,9 +177,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
             dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None)
             plain_s = min(plain_s, dt)
             for method, k in runs:
-                spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4} if method == "ngram"
-                        else {"model": draft, "num_speculative_tokens": k})
-                dt, outs, c = _engine_run(model, tok, prompts, params, spec)
+                dt, outs, c = _engine_run(model, tok, prompts, params, configs[method](k))
                 if dt < best.get((method, k), (float("inf"),))[0]:
                     best[(method, k)] = (dt, outs, c)
         for method, k in runs:
@@ -180,8 +211,10 @@ def main(argv: list[str]) -> int:
     res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats)
     if args.batch_sizes:
         model, tok = load_checkpoint(args.target, device="cpu")
+        heads, _ = medusa_heads(args.target, model)
         res["engine"] = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens,
-                                     args.repeats, draft=args.draft)
+                                     args.repeats, methods=("ngram", "draft") + (("medusa",) if heads is not None else ()),
+                                     draft=args.draft, medusa=None if heads is None else (heads_folder_for(args.target), heads.num_heads))
     if args.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -25,10 +25,12 @@ from inferlab.sampling import probs_from_logits
 
 
 class DraftProposer:
-    def __init__(self, draft, target, num_blocks: int, block_size: int):
+    def __init__(self, draft, target, num_blocks: int, block_size: int, draft_tokenizer=None, target_tokenizer=None):
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
                              f"({target.config.vocab_size}): give a draft trained with the target's tokenizer")
+        if draft_tokenizer is not None and target_tokenizer is not None:
+            check_same_tokenizer(draft_tokenizer, target_tokenizer)
         self.model = draft
         self.kv_cache = PagedKVCache.for_model(draft.config, num_blocks, block_size, target.dtype, target.device)
         self.runner = ModelRunner(draft, self.kv_cache)
@@ -72,3 +74,17 @@ class DraftProposer:
             s = out.scheduled[j]
             block_manager.rewrite(s.seq.seq_id, s.seq.num_computed_tokens + s.num_committed, s.spec_token_ids)
         return {j: torch.stack(q) for j, q in qs.items()}
+
+
+def check_same_tokenizer(draft_tokenizer, target_tokenizer) -> None:
+    """Guesses are token ids: they mean the same text only if both tokenizers map every token to
+    the same id. Equal vocabulary sizes are not enough (two BPEs trained on different text have
+    the same size and different tokens), so compare the token -> id tables themselves."""
+    d = draft_tokenizer.hf.get_vocab(with_added_tokens=True)
+    t = target_tokenizer.hf.get_vocab(with_added_tokens=True)
+    if d != t:
+        diff = sorted((tok for tok in d.keys() | t.keys() if d.get(tok) != t.get(tok)), key=lambda x: (len(x), x))
+        e = diff[0]
+        raise ValueError(f"the draft's tokenizer differs from the target's ({len(diff)} tokens differ, e.g. {e!r}: "
+                         f"id {d.get(e)} in the draft, {t.get(e)} in the target): give a draft trained with "
+                         "the target's tokenizer")

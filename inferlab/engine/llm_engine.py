@@ -14,6 +14,7 @@ contiguous-cache path as the simple reference it is compared with.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 
@@ -23,13 +24,13 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
-from inferlab.engine.draft import DraftProposer
 from inferlab.engine.model_runner import ModelRunner, SeqInput
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.engine.spec_decode import propose, verify
+from inferlab.engine.spec_decode import make_proposers, propose, verify
 from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
+from inferlab.spec.medusa import capture_hidden
 
 
 class LLMEngine:
@@ -42,13 +43,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
-        spec = c.speculative_config
-        self.proposer = spec.make_proposer() if spec is not None and spec.method == "ngram" else None
-        self.draft = None
-        if spec is not None and spec.method == "draft":
-            from inferlab.loader import load_checkpoint
-            draft, _ = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
-            self.draft = DraftProposer(draft, model, c.num_kv_blocks, c.block_size)
+        # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
+        self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -117,8 +113,9 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.proposer is not None or self.draft is not None:
-            propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens, self.proposer)
+        if self.config.speculative_config is not None:
+            propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens, self.proposer,
+                    self.medusa)
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.running or self.scheduler.waiting:
@@ -140,7 +137,8 @@ class LLMEngine:
         is_decode = [_is_decode(s.seq, s.num_committed) for s in out.scheduled]
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
         num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
-        logits = self.runner.execute(inputs, out.copies, num_logits=num_logits)  # [sum(num_logits), V]
+        with capture_hidden(self.model) if self.medusa is not None else contextlib.nullcontext() as hidden:
+            logits = self.runner.execute(inputs, out.copies, num_logits=num_logits)  # [sum(num_logits), V]
         starts = [0]
         for n in num_logits:
             starts.append(starts[-1] + n)
@@ -161,6 +159,8 @@ class LLMEngine:
                 decoded += is_decode[j]
                 if seq.is_finished:
                     break
+        if self.medusa is not None:  # the next step's guesses, from this forward's hidden states
+            self.medusa.observe(out, ready, emitted, hidden[-1][0], starts, self.scheduler.running)
         self._account(num_prefill, decoded, time.perf_counter() - t0)
         if record is not None:
             record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])

@@ -1,5 +1,5 @@
 """Speculative decoding's two hooks in the engine's step (vLLM v1: proposals before scheduling,
-rejection sampling after the forward).
+rejection sampling after the forward), and the proposers the engine builds from its config.
 
 ``propose`` gives each decoding sequence its guesses (``spec_token_ids``) before the scheduler
 runs, so the token budget and the KV slots count them. ``verify`` turns the step's logits (the
@@ -10,19 +10,43 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.engine.draft import DraftProposer
+from inferlab.engine.medusa import MedusaProposer
+from inferlab.loader import load_checkpoint
 from inferlab.sampling import probs_from_logits, sample
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
-def propose(running, k: int, proposer=None) -> None:
+def make_proposers(config, model, tokenizer):
+    """(n-gram proposer, draft-model proposer, Medusa proposer) for ``config.speculative_config``;
+    all None without speculation, at most one set."""
+    spec = config.speculative_config
+    if spec is None:
+        return None, None, None
+    if spec.method == "ngram":
+        return spec.make_proposer(), None, None
+    if spec.method == "draft":
+        draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
+        return None, DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer,
+                                   tokenizer), None
+    if spec.model is None:
+        raise ValueError("the medusa method needs the heads' folder: give speculative_config 'model' "
+                         "(LLM(model=...) finds <model>_medusa itself; train heads with `inferlab train medusa`)")
+    return None, None, MedusaProposer(model, spec.model, spec.num_speculative_tokens)
+
+
+def propose(running, k: int, proposer=None, medusa=None) -> None:
     """Each decoding sequence guesses its next tokens (never more than it may still emit after
-    the token the verify step adds); the others guess nothing. Without a ``proposer`` (a draft
-    model guesses after scheduling: its guesses' K/V need the reserved slots) a sequence only
-    reserves its k places, filled by ``inferlab.engine.draft``."""
+    the token the verify step adds); the others guess nothing. ``proposer`` guesses from the
+    tokens (n-gram); ``medusa`` hands out what its heads guessed at the sequence's last step.
+    With neither (a draft model guesses after scheduling: its guesses' K/V need the reserved
+    slots) a sequence only reserves its k places, filled by ``inferlab.engine.draft``."""
     for seq in running:
         room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
         if not seq.is_decoding or room <= 0:
             seq.spec_token_ids = []
+        elif medusa is not None:
+            seq.spec_token_ids = medusa.propose(seq)[:room]
         elif proposer is None:
             seq.spec_token_ids = [0] * room
         else:

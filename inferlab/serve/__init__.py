@@ -11,11 +11,14 @@
     launcher.py      load a model and run the app (foreground, or a background thread)
 
 ``inferlab serve --model draft --port 8000``, then point any OpenAI client (or
-``inferlab bench serve --url http://127.0.0.1:8000``) at it.
+``inferlab bench serve --url http://127.0.0.1:8000``) at it. ``--speculative-config '{"method":
+"medusa", "num_speculative_tokens": 3}'`` speculates (vLLM's dict, as JSON); /metrics then counts
+the guesses made and kept (``vllm:spec_decode_*``).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 
@@ -44,6 +47,10 @@ def parser() -> argparse.ArgumentParser:
                    help="reuse the KV blocks of prompts that share a prefix (default: off)")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="split long prompts over several steps, mixed with decodes (default: off)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding, vLLM's dict as JSON, e.g. '{\"method\": \"medusa\", "
+                        "\"num_speculative_tokens\": 3}' or '{\"model\": \"draft\", \"num_speculative_tokens\": 4}' "
+                        "(default: none)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
     d = ServerLimits()
@@ -77,11 +84,30 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
         parser().error(re.sub(r"\b(max_\w+|api_key)\b", lambda m: "--" + m[1].replace("_", "-"), str(exc)))
 
 
+def parse_speculative_config(text: str | None) -> dict | None:
+    """``--speculative-config``'s JSON, checked now: a bad one is a one-line usage error before
+    any model loads."""
+    if text is None:
+        return None
+    from inferlab.spec.config import SpeculativeConfig
+
+    try:
+        spec = json.loads(text)
+        SpeculativeConfig.from_dict(spec)
+    except json.JSONDecodeError as exc:
+        parser().error(f"--speculative-config is not valid JSON ({exc.msg}): write it like "
+                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'")
+    except ValueError as exc:
+        parser().error(f"--speculative-config: {exc}")
+    return spec
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser().error(f"--port must be in 0..65535, got {args.port}")
     limits = limits_from_args(args)
+    spec = parse_speculative_config(args.speculative_config)
     try:
         from inferlab.serve.launcher import make_app, serve
     except ImportError as exc:
@@ -94,6 +120,6 @@ def main(argv: list[str]) -> int:
                    block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,
-                   enable_chunked_prefill=args.enable_chunked_prefill)
+                   enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec)
     serve(app, args.host, args.port, args.log_level)
     return 0

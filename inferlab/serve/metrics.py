@@ -9,6 +9,9 @@ thread after every step, from the per-request times the engine records (``Reques
     time_per_output_token gap between a request's consecutive tokens (TPOT, inter-token latency)
     e2e_request_latency   finished_time - arrival_time
     request_queue_time    first_scheduled_time - arrival_time
+
+With ``--speculative-config`` the spec-decode counters tell how well the guesses pay:
+``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens`` and ``..._num_accepted_tokens``.
 """
 from __future__ import annotations
 
@@ -27,6 +30,14 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 
+# speculative decoding (vLLM's spec-decode counters): acceptance rate = accepted / draft tokens,
+# mean acceptance length = 1 + accepted / drafts
+SPEC_COUNTERS = {
+    "spec_decode_num_drafts": "Verify steps of a sequence that had speculative guesses.",
+    "spec_decode_num_draft_tokens": "Speculative guesses verified.",
+    "spec_decode_num_accepted_tokens": "Speculative guesses accepted.",
+}
+
 
 def engine_stats(engine: LLMEngine) -> dict:
     """What a scrape reports about the engine now; run it in the engine thread."""
@@ -34,6 +45,8 @@ def engine_stats(engine: LLMEngine) -> dict:
     sched = engine.scheduler
     s["num_requests_running"] = len({seq.request_id for seq in sched.running})
     s["num_requests_waiting"] = len({seq.request_id for seq in sched.waiting})
+    for name in SPEC_COUNTERS:
+        s[name] = engine.counters[name]
     return s
 
 
@@ -65,6 +78,8 @@ class _EngineCollector:
         yield counter("vllm:prefix_cache_queries", "Prompt blocks looked up in the prefix cache.",
                       s["prefix_queries"])
         yield counter("vllm:prefix_cache_hits", "Prompt blocks found in the prefix cache.", s["prefix_hits"])
+        for name, doc in SPEC_COUNTERS.items():  # zero without speculation, as in vLLM
+            yield counter("vllm:" + name, doc, s[name])
 
 
 class ServerMetrics:

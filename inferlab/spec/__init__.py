@@ -3,6 +3,9 @@
 - ``rejection``: the exact verifier (Leviathan et al. 2023; Chen et al. 2023) and the speedup
   formula it predicts;
 - ``ngram``: prompt lookup, a proposer with no model (Saxena 2023, vLLM's ``ngram`` method);
+- ``medusa``: k heads on the target's own last hidden state (Cai et al. 2024), trained on the
+  frozen target by ``inferlab train medusa`` (``medusa_train``), in the engine as
+  ``inferlab.engine.medusa``;
 - ``config``: ``speculative_config`` in vLLM's shape, checked (the engine's mode:
   ``inferlab.engine.llm_engine``, with the draft model in ``inferlab.engine.draft``);
 - ``reference``: the single-sequence loop on the contiguous cache the engine is checked against.

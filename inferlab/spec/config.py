@@ -2,6 +2,8 @@
 
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     {"model": "draft", "num_speculative_tokens": 4}      (method "draft": a smaller model guesses)
+    {"method": "medusa", "num_speculative_tokens": 3}    (Medusa heads on the target; "model" may name
+                                                          the heads' folder, else <target>_medusa)
 
 ``num_speculative_tokens`` (k) is how many guesses each decoding sequence gets per step; every
 guess costs a query row in the verify forward whether it is kept or not, so k is capped.
@@ -13,7 +15,7 @@ import dataclasses
 from inferlab.spec.ngram import NgramProposer
 
 MAX_SPECULATIVE_TOKENS = 16
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "medusa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +24,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
-    model: str | None = None  # the draft model (method "draft"): an embedded name or an HF folder
+    model: str | None = None  # the draft model (method "draft"): an embedded name or an HF folder;
+    # the heads' folder (method "medusa"; None: beside the target, ``inferlab.spec.medusa.heads_folder_for``)
 
     @classmethod
     def from_dict(cls, d: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
@@ -50,6 +53,11 @@ class SpeculativeConfig:
         k = d.pop("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        if method == "medusa":
+            if d:
+                raise ValueError(f"unknown speculative_config keys {sorted(d)}: the medusa method takes "
+                                 "num_speculative_tokens and, optionally, model (the heads' folder)")
+            return cls(method, k, model=None if model is None else str(model))
         if method == "draft":
             if d:
                 raise ValueError(f"unknown speculative_config keys {sorted(d)}: the draft method takes "

@@ -4,7 +4,8 @@ The simple reference the engine's speculative mode is checked against, and the l
 reads first. Each step:
 
 1. the proposer guesses k tokens: prompt lookup copies them, a draft model samples them one by
-   one from its own distribution q (its own contiguous cache);
+   one from its own distribution q (its own contiguous cache), Medusa heads read them off the
+   hidden state the previous forward left (Cai et al. 2024);
 2. the target runs one forward over [last committed token, guess_1..guess_k] (k+1 queries over
    the cached context) and gives p at every position;
 3. ``rejection_sample`` keeps a prefix of the guesses and adds one token;
@@ -13,6 +14,7 @@ reads first. Each step:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -22,7 +24,7 @@ from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache
 from inferlab.sampling import SamplingParams, make_generator, probs_from_logits
 from inferlab.sequence import Sequence, SequenceStatus
-from inferlab.spec.ngram import NgramProposer
+from inferlab.spec.medusa import MedusaGuesser, capture_hidden
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
@@ -89,10 +91,11 @@ class DraftModelProposer:
 @torch.inference_mode()
 def speculative_generate(target, prompt_ids: list[int], params: SamplingParams, proposer,
                          eos_token_ids=(), tokenizer=None) -> tuple[Sequence, SpecStats]:
-    """Generate one sequence with ``proposer`` (``NgramProposer`` or ``DraftModelProposer``)."""
+    """Generate one sequence with ``proposer`` (``NgramProposer``, ``DraftModelProposer`` or
+    ``inferlab.spec.medusa.MedusaGuesser``)."""
     if not prompt_ids:
         raise ValueError("empty prompt: give at least one token")
-    k = proposer.num_speculative_tokens if isinstance(proposer, NgramProposer) else proposer.k
+    k = proposer.k if isinstance(proposer, DraftModelProposer) else proposer.num_speculative_tokens
     room = target.config.max_position_embeddings - len(prompt_ids)
     if room < 1:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context")
@@ -104,41 +107,47 @@ def speculative_generate(target, prompt_ids: list[int], params: SamplingParams, 
         proposer.start(total)
     gen = make_generator(params.seed, target.device)
     stats = SpecStats()
-
-    t0 = time.perf_counter()
-    p = probs_from_logits(_forward(target, list(prompt_ids), cache, 0)[-1], params)
-    first = rejection_sample([[]], p[None], None, [gen])[0][0]
-    stats.prefill_s = time.perf_counter() - t0
-    seq.append_token(first, eos_token_ids, tokenizer)
-    while not seq.is_finished:
-        tokens = seq.prompt_token_ids + seq.output_token_ids
-        # Never guess past the context or max_tokens: those guesses could not be kept.
-        budget = min(k, params.max_tokens - len(seq.output_token_ids) - 1)
-        t1 = time.perf_counter()
-        q = None
-        if budget <= 0:
-            guesses = []
-        elif isinstance(proposer, NgramProposer):
-            guesses = proposer.propose(tokens)[:budget]
-        else:
-            guesses, q = proposer.propose(tokens, params, gen)
-            guesses, q = guesses[:budget], q[:budget]
-        t2 = time.perf_counter()
-        logits = _forward(target, [tokens[-1]] + guesses, cache, len(tokens) - 1)
-        if params.greedy:  # the argmax-match special case, without one-hot rows
-            emitted = greedy_verify([guesses], logits.argmax(-1))[0]
-        else:
-            emitted = rejection_sample([guesses], probs_from_logits(logits, params), q, [gen])[0]
-        stats.target_s += time.perf_counter() - t2
-        stats.draft_s += t2 - t1
-        stats.steps += 1
-        stats.proposed += len(guesses)
-        stats.accepted += len(emitted) - 1
-        for tok in emitted:  # stop partway exactly where plain decoding would
-            seq.append_token(tok, eos_token_ids, tokenizer)
-            stats.emitted += 1
-            if seq.is_finished:
-                break
-        if isinstance(proposer, DraftModelProposer):
-            proposer.rollback(seq.num_tokens - 1)
+    medusa = isinstance(proposer, MedusaGuesser)  # guesses from the hidden state of the last forward
+    with contextlib.ExitStack() as stack:
+        hidden = stack.enter_context(capture_hidden(target)) if medusa else None
+        t0 = time.perf_counter()
+        p = probs_from_logits(_forward(target, list(prompt_ids), cache, 0)[-1], params)
+        if medusa:
+            proposer.observe(hidden.pop()[0, -1])
+        first = rejection_sample([[]], p[None], None, [gen])[0][0]
+        stats.prefill_s = time.perf_counter() - t0
+        seq.append_token(first, eos_token_ids, tokenizer)
+        while not seq.is_finished:
+            tokens = seq.prompt_token_ids + seq.output_token_ids
+            # Never guess past the context or max_tokens: those guesses could not be kept.
+            budget = min(k, params.max_tokens - len(seq.output_token_ids) - 1)
+            t1 = time.perf_counter()
+            q = None
+            if budget <= 0:
+                guesses = []
+            elif not isinstance(proposer, DraftModelProposer):  # n-gram, Medusa: guesses with no q
+                guesses = proposer.propose(tokens)[:budget]
+            else:
+                guesses, q = proposer.propose(tokens, params, gen)
+                guesses, q = guesses[:budget], q[:budget]
+            t2 = time.perf_counter()
+            logits = _forward(target, [tokens[-1]] + guesses, cache, len(tokens) - 1)
+            if params.greedy:  # the argmax-match special case, without one-hot rows
+                emitted = greedy_verify([guesses], logits.argmax(-1))[0]
+            else:
+                emitted = rejection_sample([guesses], probs_from_logits(logits, params), q, [gen])[0]
+            stats.target_s += time.perf_counter() - t2
+            stats.draft_s += t2 - t1
+            stats.steps += 1
+            stats.proposed += len(guesses)
+            stats.accepted += len(emitted) - 1
+            for tok in emitted:  # stop partway exactly where plain decoding would
+                seq.append_token(tok, eos_token_ids, tokenizer)
+                stats.emitted += 1
+                if seq.is_finished:
+                    break
+            if isinstance(proposer, DraftModelProposer):
+                proposer.rollback(seq.num_tokens - 1)
+            elif medusa:  # the row that gave the last emitted token
+                proposer.observe(hidden.pop()[0, len(emitted) - 1])
     return seq, stats

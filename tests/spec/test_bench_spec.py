@@ -10,12 +10,13 @@ from inferlab.bench import spec
 def test_bench_spec_small_run():
     res = spec.run(ks=(2,), num_prompts=1, prompt_tokens=32, new_tokens=8, repeats=1)
     assert res["baseline_tokens_per_s"] > 0
-    assert [(r["method"], r["num_speculative_tokens"]) for r in res["methods"]] == [("ngram", 2), ("draft", 2)]
+    assert [(r["method"], r["num_speculative_tokens"]) for r in res["methods"]] == [("ngram", 2), ("draft", 2),
+                                                                                   ("medusa", 2)]
     for r in res["methods"]:
         assert r["outputs_identical"] is True
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 3
         assert r["verify_cost_ratio"] > 0 and r["predicted_speedup"] > 0
-    assert res["methods"][1]["draft_cost_ratio"] > 0
+    assert res["methods"][1]["draft_cost_ratio"] > 0 and 0 < res["methods"][2]["draft_cost_ratio"] < 1
 
 
 def test_engine_table_small_run():
@@ -24,10 +25,30 @@ def test_engine_table_small_run():
     from inferlab.loader import load_checkpoint
 
     model, tok = load_checkpoint("target", device="cpu")
-    rows = spec.engine_table(model, tok, ks=(2,), batch_sizes=(1, 2), prompt_tokens=32, new_tokens=8, repeats=1)
-    assert [(r["batch_size"], r["method"]) for r in rows] == [(1, "ngram"), (1, "draft"), (2, "ngram"), (2, "draft")]
+    heads = (spec.heads_folder_for("target"), 4)
+    rows = spec.engine_table(model, tok, ks=(2, 5), batch_sizes=(1, 2), prompt_tokens=32, new_tokens=8, repeats=1,
+                             methods=("ngram", "draft", "medusa"), medusa=heads)
+    assert [(r["batch_size"], r["method"], r["num_speculative_tokens"]) for r in rows] == [
+        (b, m, k) for b in (1, 2) for m in ("ngram", "draft", "medusa") for k in (2, 5) if (m, k) != ("medusa", 5)]
     for r in rows:
         assert r["outputs_identical"] is True
-        assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 3
+        assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 1 + r["num_speculative_tokens"]
         assert r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
     assert rows[0]["steps"] < rows[0]["baseline_steps"] == 8
+    assert all(r["acceptance_rate"] > 0 for r in rows if r["method"] == "medusa")
+
+
+@pytest.mark.slow
+def test_bench_spec_json_has_medusa_rows(capsys):
+    """``inferlab bench spec --json``: medusa rows in both tables, with every field of the formula."""
+    import json
+
+    assert spec.main(["--k", "2", "--prompts", "1", "--new-tokens", "24", "--repeats", "1", "--batch-sizes", "1",
+                      "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    (row,) = [r for r in res["methods"] if r["method"] == "medusa"]
+    assert row["num_speculative_tokens"] == 2 and row["outputs_identical"] is True
+    assert 0 < row["draft_cost_ratio"] < 1 and row["verify_cost_ratio"] > 0
+    assert row["acceptance_rate"] > 0 and row["predicted_speedup"] > 0 and row["speedup"] > 0
+    (erow,) = [r for r in res["engine"] if r["method"] == "medusa"]
+    assert erow["batch_size"] == 1 and erow["outputs_identical"] is True and erow["acceptance_rate"] > 0
