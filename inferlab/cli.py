@@ -34,6 +34,9 @@ COMMANDS = {
     "grade": ("inferlab.grade", "grade a lab (Gradescope-style results)"),
 }
 
+# a command's own subcommands that live in another module (`inferlab train medusa`)
+SUBCOMMANDS = {("train", "medusa"): "inferlab.spec.medusa_train"}
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """``--help`` as a terminal shows it: every option's default named (unless its help already does),
@@ -75,7 +78,10 @@ def dispatch(prog: str, table: dict[str, tuple[str, str]], argv: list[str], noun
         return 2
     try:
         check_device_args(rest)
-        return int(importlib.import_module(table[name][0]).main(rest) or 0)
+        module = table[name][0]
+        if (name, rest[0] if rest else None) in SUBCOMMANDS:
+            module, rest = SUBCOMMANDS[name, rest[0]], rest[1:]
+        return int(importlib.import_module(module).main(rest) or 0)
     except (InferlabError, ValueError) as exc:
         print(f"{prog} {name}: error: {exc}", file=sys.stderr)
         return 2

@@ -559,9 +559,6 @@ def setup_logging(run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["medusa"]:  # `inferlab train medusa`: heads on the frozen target
-        from inferlab.spec.medusa_train import main as train_medusa
-        return train_medusa(argv[1:])
     args = build_parser().parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     known = [n for n in RECIPES if n != "tiny"]
