@@ -44,6 +44,7 @@ class LLMEngine:
                                    c.enable_chunked_prefill, c.scheduler_policy)
         spec = c.speculative_config
         self.proposer = spec.make_proposer() if spec is not None and spec.method == "ngram" else None
+        self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.draft = None
         if spec is not None and spec.method == "draft":
             from inferlab.loader import load_checkpoint
@@ -143,7 +144,7 @@ class LLMEngine:
             starts.append(starts[-1] + n)
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
-        emitted = verify(out, ready, logits, starts, draft_probs, self.counters)
+        emitted = verify(out, ready, logits, starts, draft_probs, self.counters, self.rejection_sampler)
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
         self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
                                                 for j in range(len(out.scheduled))])
