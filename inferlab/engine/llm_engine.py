@@ -45,6 +45,7 @@ class LLMEngine:
                                    c.enable_chunked_prefill, c.scheduler_policy)
         # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
         self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
+        self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -144,7 +145,7 @@ class LLMEngine:
             starts.append(starts[-1] + n)
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
-        emitted = verify(out, ready, logits, starts, draft_probs, self.counters)
+        emitted = verify(out, ready, logits, starts, draft_probs, self.counters, self.rejection_sampler)
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
         self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
                                                 for j in range(len(out.scheduled))])

@@ -54,15 +54,17 @@ def propose(running, k: int, proposer=None, medusa=None) -> None:
 
 
 def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft_probs: dict | None,
-           counters: dict) -> dict[int, list[int]]:
+           counters: dict, rejection_sampler=None) -> dict[int, list[int]]:
     """The tokens each ready sequence (index into ``out.scheduled``) emits; its logits are rows
     ``starts[j]:starts[j + 1]``. With no guesses: one sampled token, as in plain decoding. With
     guesses: the accepted prefix plus one (greedy: argmax match; sampled: exact rejection
     sampling on the request's p, with the draft's q or, for n-gram, the deterministic-draft rule).
+    ``rejection_sampler`` (``rejection_sample``'s signature) replaces the verifier for every
+    sequence with guesses, greedy ones too (their p is one-hot): lab 04 plugs its own in.
     Counts vLLM's ``spec_decode_*`` counters."""
     emitted: dict[int, list[int]] = {}
     guesses = {j: out.scheduled[j].spec_token_ids for j in ready}
-    greedy = [j for j in ready if out.scheduled[j].seq.params.greedy]
+    greedy = [j for j in ready if out.scheduled[j].seq.params.greedy and not (rejection_sampler and guesses[j])]
     if greedy:
         best = logits.argmax(-1)
         rows = [r for j in greedy for r in range(starts[j], starts[j + 1])]
@@ -77,7 +79,8 @@ def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft
         seqs = [out.scheduled[j].seq for j in spec]
         p = torch.cat([probs_from_logits(logits[starts[j]:starts[j + 1]], s.params) for j, s in zip(spec, seqs)])
         q = torch.cat([draft_probs[j] for j in spec]) if draft_probs else None  # n-gram: no q
-        emitted.update(zip(spec, rejection_sample([guesses[j] for j in spec], p, q, [s.generator for s in seqs])))
+        verifier = rejection_sampler or rejection_sample
+        emitted.update(zip(spec, verifier([guesses[j] for j in spec], p, q, [s.generator for s in seqs])))
     for j in ready:
         if guesses[j]:
             counters["spec_decode_num_drafts"] += 1
