@@ -1,0 +1,32 @@
+"""``LLM(..., tensor_parallel_size=N)``: start the ranks, then run the usual engine on rank 0."""
+from __future__ import annotations
+
+import weakref
+
+from inferlab.device import default_device, parse_dtype
+from inferlab.parallel.executor import ParallelRunner, TensorParallelExecutor
+from inferlab.parallel.factory import TensorParallelError
+
+
+def start_parallel(llm, model: str, world: int, device, dtype, attention_backend: str, config,
+                   quantization, speculative_config) -> None:
+    if not isinstance(world, int) or world < 1:
+        raise TensorParallelError(f"tensor_parallel_size must be an integer >= 1, got {world!r}")
+    if quantization is not None:
+        raise TensorParallelError("quantized linears do not shard yet: use quantization with tensor_parallel_size=1")
+    if speculative_config is not None:
+        raise TensorParallelError("speculative decoding runs with tensor_parallel_size=1 only")
+    device = device or default_device()
+    if str(device).startswith("cuda"):
+        import torch
+        if torch.cuda.device_count() < world:
+            raise TensorParallelError(f"tensor_parallel_size={world} needs {world} CUDA devices, "
+                                      f"found {torch.cuda.device_count()}")
+    tp = TensorParallelExecutor(model, world, device, parse_dtype(dtype, device), attention_backend, config)
+    llm._tp = tp
+    weakref.finalize(llm, tp.shutdown)  # no worker outlives its LLM
+    llm.model, llm.tokenizer = tp.model, tp.tokenizer
+    from inferlab.attention import get_backend
+    llm._start(get_backend(attention_backend), tp.engine_config, str(model))
+    llm.llm_engine.runner = ParallelRunner(llm.llm_engine.runner, tp)
+    llm.tensor_parallel_size = world

@@ -1,0 +1,87 @@
+"""Sharded loading: each rank reads only its slice of every tensor from the safetensors files.
+
+``safe_open(...).get_slice(key)`` maps the file and reads just the rows (or columns) asked for,
+so a rank's peak memory is about 1/N of the model, not the whole model then a cut. A 70B model
+in fp16 (140 GB) on 8 GPUs puts ~17.5 GB of weights on each. The layers say what they hold
+(``shard``); the loader checks each full tensor's shape against the config before cutting.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors import safe_open
+
+from inferlab import moe
+from inferlab.device import default_device, default_dtype
+from inferlab.errors import CheckpointError
+from inferlab.loader import _quantization_config, _weight_files, load_config, resolve_model_path
+from inferlab.model import CausalLM
+from inferlab.parallel import comm
+from inferlab.parallel.factory import TensorParallelError, TensorParallelFactory
+from inferlab.rope import rope_inv_freq
+from inferlab.tokenizer import Tokenizer
+
+
+def build_shard(config, rank: int, world: int) -> CausalLM:
+    """Rank ``rank``'s share of the model (on the current default device; meta to load into)."""
+    model = CausalLM(config, TensorParallelFactory(config, rank, world))
+    if world > 1:  # a MoE block adds its experts' partial sums, then reduces once
+        for block in moe.moe_blocks(model):
+            block.register_forward_hook(lambda module, args, out: comm.all_reduce(out))
+    return model
+
+
+def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None, dtype=None):
+    """Return ``(model, tokenizer)`` for rank ``rank`` of ``world``, reading only its slices."""
+    folder = resolve_model_path(path_or_id)
+    config = load_config(folder)
+    if _quantization_config(folder) is not None:
+        raise TensorParallelError(f"{folder} is quantized; quantized linears do not shard yet: run it with "
+                                  "tensor_parallel_size=1, or shard the unquantized model")
+    device = torch.device(device or default_device())
+    dtype = dtype or default_dtype(device)
+    with torch.device("meta"):
+        model = build_shard(config, rank, world)
+    state = model.checkpoint_state_dict()
+    modules = dict(model.named_modules())
+
+    def cut(name: str, full) -> torch.Tensor:
+        """Check the full shape, read this rank's slice, convert it."""
+        owner, _, leaf = name.rpartition(".")
+        module = modules[owner]
+        full_shape = tuple(full.get_shape() if hasattr(full, "get_shape") else full.shape)
+        want = module.full_shape(leaf) if hasattr(module, "full_shape") else tuple(state[name].shape)
+        if full_shape != tuple(want):
+            raise CheckpointError(f"{folder}: weight {name} has shape {full_shape}, the config implies {tuple(want)}")
+        t = module.shard(leaf, full) if hasattr(module, "shard") else full[:]
+        return t.to(device=device, dtype=dtype)
+
+    tensors, unexpected = {}, []
+    for file in _weight_files(folder):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_word_embeddings):
+                    continue
+                if config.num_local_experts and moe.is_fused_expert_key(key):  # read whole, then cut
+                    for name, part in moe.split_fused(key, f.get_tensor(key)).items():
+                        tensors[name] = cut(name, part)
+                    continue
+                name = moe.from_hf_name(key) if config.num_local_experts else key
+                if name not in state:
+                    unexpected.append(key)
+                    continue
+                tensors[name] = cut(name, f.get_slice(key))
+    missing = sorted(state.keys() - tensors.keys())
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: weights do not match the config: missing {missing[:4]}, "
+                              f"unexpected {sorted(unexpected)[:4]}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+    del tensors
+    model.tie_weights()
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    model = model.to(device).eval()
+    tokenizer = None
+    if (folder / "tokenizer.json").exists():
+        tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
+    return model, tokenizer

@@ -1,0 +1,69 @@
+"""The lifecycle of the ranks: a dead worker is a clear error, fast; no process outlives its LLM."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from inferlab import LLM
+from inferlab.parallel import TensorParallelError
+from inferlab.sampling import SamplingParams
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_killed_worker_fails_the_next_request_fast():
+    llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
+    (pid,) = llm._tp.pids
+    params = SamplingParams(max_tokens=4, temperature=0)
+    assert llm.generate(["def f"], params)[0].outputs[0].token_ids
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match="worker rank 1 exited"):
+        llm.generate(["def f"], params)
+    with pytest.raises(TensorParallelError, match="worker rank 1 exited"):  # and stays failed
+        llm.generate(["def g"], params)
+    assert time.monotonic() - t0 < 10
+    llm.shutdown()
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_shutdown_leaves_no_process():
+    llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
+    pids = llm._tp.pids
+    llm.shutdown()
+    llm.shutdown()  # twice is fine
+    assert not any(alive(p) for p in pids)
+    with pytest.raises(TensorParallelError, match="shut down"):
+        llm.generate(["def f"], SamplingParams(max_tokens=2))
+
+
+SCRIPT = """
+import os, sys
+from inferlab import LLM
+llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
+print(llm._tp.pids[0], flush=True)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), 9)   # rank 0 dies without any cleanup
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_no_orphan_when_rank0_exits(how):
+    """Leaving without shutdown() (exit), or dying at once (SIGKILL): the worker goes too."""
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=120)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid), f"worker {pid} outlived rank 0 ({how})"
