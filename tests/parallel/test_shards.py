@@ -94,3 +94,17 @@ def test_each_rank_packs_its_own_shards():
         assert fused.weight.shape[0] == (4 + 1 + 1) * m.config.head_dim  # this rank's 4 q heads, 1 k, 1 v
         for a, b in zip(attn.packed_qkv(x), before):
             torch.testing.assert_close(a, b)
+
+
+def test_fewer_kv_heads_than_ranks_replicates_the_head_each_rank_reads():
+    """target on 4 ranks: 8 query heads, 2 KV heads. Ranks 0-1 hold query heads 0-3, which read KV
+    head 0; ranks 2-3 hold query heads 4-7, which read KV head 1 (GQA: query head h reads h // 4)."""
+    full = load_checkpoint("target", device="cpu", dtype=torch.float32)[0]
+    hd, group = full.config.head_dim, full.config.num_attention_heads // full.config.num_key_value_heads
+    k_full = full.model.layers[1].self_attn.k_proj.weight
+    for rank, m in enumerate(shards("target", world=4)):
+        attn = m.model.layers[1].self_attn
+        first_q_head = rank * attn.n_heads
+        kv = first_q_head // group
+        assert (attn.n_heads, attn.n_kv) == (2, 1)
+        torch.testing.assert_close(attn.k_proj.weight, k_full[kv * hd:(kv + 1) * hd], rtol=0, atol=0)
