@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -119,6 +120,8 @@ class TensorParallelExecutor:
     """Rank 0's side: starts the workers, joins the group with them, and later stops them."""
 
     def __init__(self, model: str, world: int, device: str, dtype, attention_backend: str, engine_config):
+        if dist.is_initialized():
+            gc.collect()  # an engine no one holds any more shuts its ranks down when collected
         if dist.is_initialized():
             raise TensorParallelError("this process already belongs to a torch.distributed group: shut the other "
                                       "tensor-parallel LLM down first (llm.shutdown())")

@@ -24,9 +24,10 @@ def start_parallel(llm, model: str, world: int, device, dtype, attention_backend
                                       f"found {torch.cuda.device_count()}")
     tp = TensorParallelExecutor(model, world, device, parse_dtype(dtype, device), attention_backend, config)
     llm._tp = tp
-    weakref.finalize(llm, tp.shutdown)  # no worker outlives its LLM
     llm.model, llm.tokenizer = tp.model, tp.tokenizer
     from inferlab.attention import get_backend
     llm._start(get_backend(attention_backend), tp.engine_config, str(model))
     llm.llm_engine.runner = ParallelRunner(llm.llm_engine.runner, tp)
+    # the workers live as long as the engine (a server keeps the engine and drops the LLM)
+    weakref.finalize(llm.llm_engine, tp.shutdown)
     llm.tensor_parallel_size = world

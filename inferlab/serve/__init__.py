@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
                    help="reuse the KV blocks of prompts that share a prefix (default: off)")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="split long prompts over several steps, mixed with decodes (default: off)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over this many processes (gloo on CPU, NCCL on CUDA; default: 1)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
     d = ServerLimits()
@@ -94,6 +96,7 @@ def main(argv: list[str]) -> int:
                    block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,
-                   enable_chunked_prefill=args.enable_chunked_prefill)
+                   enable_chunked_prefill=args.enable_chunked_prefill,
+                   tensor_parallel_size=args.tensor_parallel_size)
     serve(app, args.host, args.port, args.log_level)
     return 0

@@ -58,6 +58,7 @@ if sys.argv[1] == "kill":
 """
 
 
+@pytest.mark.slow  # a fresh interpreter and two ranks: ~12 s each
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_no_orphan_when_rank0_exits(how):
     """Leaving without shutdown() (exit), or dying at once (SIGKILL): the worker goes too."""
