@@ -8,7 +8,8 @@
 
 ``LLM(model=..., tensor_parallel_size=N)`` uses all of it.
 """
-from inferlab.parallel.factory import TensorParallelError, TensorParallelFactory
+from inferlab.parallel.comm import TensorParallelError
+from inferlab.parallel.factory import TensorParallelFactory
 from inferlab.parallel.layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 __all__ = ["ColumnParallelLinear", "ParallelLMHead", "RowParallelLinear", "TensorParallelError",

@@ -20,6 +20,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from inferlab.errors import InferlabError
+
+
+class TensorParallelError(InferlabError):
+    """What cannot run tensor-parallel, or a rank that failed (the message says what to do)."""
+
 STATS = {"all_reduce": 0, "all_reduce_s": 0.0, "all_reduce_bytes": 0,
          "all_gather": 0, "all_gather_s": 0.0, "all_gather_bytes": 0}
 

@@ -25,7 +25,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from inferlab.parallel.factory import TensorParallelError
+from inferlab.parallel.comm import TensorParallelError
 
 TIMEOUT_S = float(os.environ.get("INFERLAB_TP_TIMEOUT", "60"))
 

@@ -5,7 +5,7 @@ import weakref
 
 from inferlab.device import default_device, parse_dtype
 from inferlab.parallel.executor import ParallelRunner, TensorParallelExecutor
-from inferlab.parallel.factory import TensorParallelError
+from inferlab.parallel.comm import TensorParallelError
 
 
 def start_parallel(llm, model: str, world: int, device, dtype, attention_backend: str, config,
@@ -13,7 +13,8 @@ def start_parallel(llm, model: str, world: int, device, dtype, attention_backend
     if not isinstance(world, int) or world < 1:
         raise TensorParallelError(f"tensor_parallel_size must be an integer >= 1, got {world!r}")
     if quantization is not None:
-        raise TensorParallelError("quantized linears do not shard yet: use quantization with tensor_parallel_size=1")
+        raise TensorParallelError("quantizing at load does not shard: write a quantized folder first "
+                                  "(`inferlab quantize --model M --method int8 --out DIR`) and load DIR with tensor_parallel_size=N")
     if speculative_config is not None:
         raise TensorParallelError("speculative decoding runs with tensor_parallel_size=1 only")
     device = device or default_device()

@@ -110,3 +110,57 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self.tp_size == 1:
             return logits[..., :self.num_embeddings]
         return comm.all_gather(logits, self.tp_size)[..., :self.num_embeddings]
+
+
+# ---------------------------------------------------------------- quantized linears
+# A quantized linear keeps the layout of its weight: codes and scales run by output row, so a
+# column-parallel rank keeps whole rows. Row-parallel cuts each row: INT8's codes column by column
+# (one scale per output row stays whole), INT4's codes two per byte and its scales by whole groups;
+# a group cut across two ranks would need a scale on each, which the checkpoint does not hold.
+# The module keeps its own class (packing and the fast paths see what they always see); ``_tp``
+# says which slice it holds, and a row-parallel one all-reduces its output in a forward hook.
+
+def _check_shardable(module: nn.Module) -> None:
+    method = getattr(module, "method", type(module).__name__)
+    if method not in ("int8", "int4"):
+        raise comm.TensorParallelError(f"{method} linears do not shard (their blocks run over the flattened "
+                                       "weight): use int8 or int4, or tensor_parallel_size=1")
+    if getattr(module, "perm", None) is not None:
+        raise comm.TensorParallelError("act-order INT4 (GPTQ desc_act) permutes each row's inputs: it does not "
+                                       "shard by columns; quantize without act order, or use tensor_parallel_size=1")
+
+
+def quantized_column(module: nn.Module, rows: tuple[int, int], full_out: int) -> nn.Module:
+    _check_shardable(module)
+    module._tp = ("column", rows, full_out)
+    return module
+
+
+def quantized_row(module: nn.Module, rank: int, tp_size: int, reduce_results: bool = True) -> nn.Module:
+    _check_shardable(module)
+    group = getattr(module, "group_size", None)
+    if group is not None and module.in_features % group:
+        raise comm.TensorParallelError(f"a group of {group} inputs would be cut across ranks ({module.in_features} "
+                                       f"inputs each): use a group size that divides {module.in_features}, or fewer ranks")
+    module._tp = ("row", rank, tp_size)
+    if reduce_results and tp_size > 1:
+        module.register_forward_hook(lambda mod, args, out: comm.all_reduce(out))
+    return module
+
+
+def quantized_full_shape(module: nn.Module, local: tuple[int, ...]) -> tuple[int, ...]:
+    kind, *rest = module._tp
+    if kind == "column":
+        return (rest[1],) + tuple(local[1:])
+    return tuple(local[:1]) + (local[1] * rest[1],) + tuple(local[2:]) if len(local) > 1 else tuple(local)
+
+
+def shard_quantized(module: nn.Module, local: tuple[int, ...], full) -> torch.Tensor:
+    """This rank's slice of a quantized linear's buffer (``local``: its shape on this rank)."""
+    kind, *rest = module._tp
+    if kind == "column":
+        return full[rest[0][0]:rest[0][1]]
+    if len(local) == 1:
+        return full[:]  # one scale per output row: whole
+    start = rest[0] * local[1]
+    return full[:, start:start + local[1]]

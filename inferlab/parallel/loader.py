@@ -18,14 +18,16 @@ from inferlab.errors import CheckpointError
 from inferlab.loader import _quantization_config, _weight_files, load_config, resolve_model_path
 from inferlab.model import CausalLM
 from inferlab.parallel import comm
-from inferlab.parallel.factory import TensorParallelError, TensorParallelFactory
+from inferlab.parallel.comm import TensorParallelError
+from inferlab.parallel.factory import TensorParallelFactory
+from inferlab.parallel.layers import quantized_full_shape, shard_quantized
 from inferlab.rope import rope_inv_freq
 from inferlab.tokenizer import Tokenizer
 
 
-def build_shard(config, rank: int, world: int) -> CausalLM:
+def build_shard(config, rank: int, world: int, quantized=None) -> CausalLM:
     """Rank ``rank``'s share of the model (on the current default device; meta to load into)."""
-    model = CausalLM(config, TensorParallelFactory(config, rank, world))
+    model = CausalLM(config, TensorParallelFactory(config, rank, world, quantized))
     if world > 1:  # a MoE block adds its experts' partial sums, then reduces once
         for block in moe.moe_blocks(model):
             block.register_forward_hook(lambda module, args, out: comm.all_reduce(out))
@@ -36,14 +38,21 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
     """Return ``(model, tokenizer)`` for rank ``rank`` of ``world``, reading only its slices."""
     folder = resolve_model_path(path_or_id)
     config = load_config(folder)
-    if _quantization_config(folder) is not None:
-        raise TensorParallelError(f"{folder} is quantized; quantized linears do not shard yet: run it with "
-                                  "tensor_parallel_size=1, or shard the unquantized model")
+    qcfg = _quantization_config(folder)
+    quantized = None
+    if qcfg is not None:
+        if qcfg["quant_method"] not in ("int8", "int4"):
+            raise TensorParallelError(f"{folder} is {qcfg['quant_method']}-quantized; only int8 and int4 folders "
+                                      "shard (hub GPTQ/AWQ layouts and block formats do not): use "
+                                      "tensor_parallel_size=1")
+        from inferlab.quant.checkpoint import linear_factory
+        quantized = linear_factory(qcfg)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
     with torch.device("meta"):
-        model = build_shard(config, rank, world)
+        model = build_shard(config, rank, world, quantized)
     state = model.checkpoint_state_dict()
+    params = {k for k, _ in model.named_parameters()}
     modules = dict(model.named_modules())
 
     def cut(name: str, full) -> torch.Tensor:
@@ -51,11 +60,16 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
         owner, _, leaf = name.rpartition(".")
         module = modules[owner]
         full_shape = tuple(full.get_shape() if hasattr(full, "get_shape") else full.shape)
-        want = module.full_shape(leaf) if hasattr(module, "full_shape") else tuple(state[name].shape)
+        local = tuple(state[name].shape)
+        if hasattr(module, "_tp"):  # a quantized linear's share
+            want, t = quantized_full_shape(module, local), lambda: shard_quantized(module, local, full)
+        elif hasattr(module, "shard"):
+            want, t = module.full_shape(leaf), lambda: module.shard(leaf, full)
+        else:
+            want, t = local, lambda: full[:]
         if full_shape != tuple(want):
             raise CheckpointError(f"{folder}: weight {name} has shape {full_shape}, the config implies {tuple(want)}")
-        t = module.shard(leaf, full) if hasattr(module, "shard") else full[:]
-        return t.to(device=device, dtype=dtype)
+        return t().to(device=device, dtype=dtype if name in params else state[name].dtype)
 
     tensors, unexpected = {}, []
     for file in _weight_files(folder):

@@ -2,7 +2,6 @@
 needs the rank and the world size), and what cannot shard says so."""
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -55,17 +54,6 @@ def test_local_head_counts():
 def test_indivisible_heads_are_refused():
     with pytest.raises(TensorParallelError, match="num_attention_heads .* not divisible by tensor_parallel_size=3"):
         load_shard("target", 0, 3, device="cpu")
-
-
-def test_quantized_folder_is_refused(tmp_path):
-    from inferlab.loader import ASSETS
-    folder = tmp_path / "q"
-    shutil.copytree(ASSETS / "mqa", folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "nf4", "bits": 4, "group_size": 64}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(TensorParallelError, match="quantized linears do not shard"):
-        load_shard(folder, 0, 2, device="cpu")
 
 
 def test_wrong_full_shape_is_caught_before_cutting(tmp_path):
