@@ -13,12 +13,14 @@ refuses every later step with the same message.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
 import multiprocessing as mp
 import os
 import socket
+import sys
 import time
 import traceback
 
@@ -110,6 +112,22 @@ def worker_main(spec: RankSpec, rank: int, conn) -> None:
     os._exit(code)
 
 
+@contextlib.contextmanager
+def _main_hidden():
+    """Spawned workers import only inferlab, never the caller's script: a spawned child normally
+    re-imports ``__main__`` (which fails for stdin or a notebook, and would rerun a script's
+    unguarded top level, making a new LLM, and so on)."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    for k in saved:
+        setattr(main, k, None) if k == "__spec__" else delattr(main, k)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,14 +148,15 @@ class TensorParallelExecutor:
                              f"tcp://127.0.0.1:{_free_port()}")
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
-        for rank in range(1, world):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(self.spec, rank, child), daemon=True,
-                            name=f"inferlab-tp-rank{rank}")
-            p.start()
-            child.close()
-            self.procs.append(p)
-            self.conns.append(parent)
+        with _main_hidden():
+            for rank in range(1, world):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=worker_main, args=(self.spec, rank, child), daemon=True,
+                                name=f"inferlab-tp-rank{rank}")
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
         try:
             self._wait_for("joining")
             try:
@@ -161,7 +180,11 @@ class TensorParallelExecutor:
             while not conn.poll(0.05):
                 if not p.is_alive() or time.monotonic() > deadline:
                     self._fail(rank, f"did not start (exit code {p.exitcode})")
-            kind, detail = conn.recv()
+            try:
+                kind, detail = conn.recv()
+            except EOFError:
+                p.join(5)
+                self._fail(rank, f"exited while starting (exit code {p.exitcode})")
             if kind == "error":
                 self._fail(rank, f"failed while starting: {detail}")
 

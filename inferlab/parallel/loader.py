@@ -69,14 +69,19 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
             want, t = local, lambda: full[:]
         if full_shape != tuple(want):
             raise CheckpointError(f"{folder}: weight {name} has shape {full_shape}, the config implies {tuple(want)}")
-        return t().to(device=device, dtype=dtype if name in params else state[name].dtype)
+        # own memory, not a view of the memory-mapped file: a view keeps the whole file mapped
+        return t().to(device=device, dtype=dtype if name in params else state[name].dtype, copy=True)
 
     tensors, unexpected = {}, []
     for file in _weight_files(folder):
         with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                if key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_word_embeddings):
-                    continue
+            keys = list(f.keys())
+        for key in keys:
+            if key.endswith("rotary_emb.inv_freq") or (key == "lm_head.weight" and config.tie_word_embeddings):
+                continue
+            # the file is mapped anew for each tensor: the pages a cut reads (all of them for a
+            # column cut, which reads a piece of every row) are let go before the next one
+            with safe_open(str(file), framework="pt") as f:
                 if config.num_local_experts and moe.is_fused_expert_key(key):  # read whole, then cut
                     for name, part in moe.split_fused(key, f.get_tensor(key)).items():
                         tensors[name] = cut(name, part)

@@ -61,8 +61,10 @@ if sys.argv[1] == "kill":
 @pytest.mark.slow  # a fresh interpreter and two ranks: ~12 s each
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_no_orphan_when_rank0_exits(how):
-    """Leaving without shutdown() (exit), or dying at once (SIGKILL): the worker goes too."""
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=120)
+    """Leaving without shutdown() (exit), or dying at once (SIGKILL): the worker goes too. The
+    script comes on stdin: a spawned worker must not try to re-import the caller's main script."""
+    proc = subprocess.run([sys.executable, "-", how], input=SCRIPT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (0 if how == "exit" else -9), proc.stderr[-2000:]
     pid = int(proc.stdout.split()[0])
     deadline = time.monotonic() + 15
     while alive(pid) and time.monotonic() < deadline:
