@@ -52,7 +52,8 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         # the heads this module computes: all of them, or a tensor-parallel rank's share (inferlab.parallel)
         local_heads = getattr(linear, "attention_heads", None)
-        self.n_heads, self.n_kv = local_heads(cfg) if local_heads else (cfg.num_attention_heads, cfg.num_key_value_heads)
+        self.n_heads, self.n_kv = (local_heads(cfg) if local_heads
+                                   else (cfg.num_attention_heads, cfg.num_key_value_heads))
         d, q, kv = cfg.hidden_size, cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
         self.q_proj = linear(d, q, cfg.attention_bias, f"{prefix}.q_proj")
         self.k_proj = linear(d, kv, cfg.attention_bias, f"{prefix}.k_proj")

@@ -21,6 +21,8 @@ import sys
 
 _MEMORY = """
 import json, os, resource, sys, torch
+def vm_rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
 def rss():
     f = dict(l.split(":", 1) for l in open("/proc/self/status") if l.startswith(("RssAnon", "RssFile")))
     return {k: int(v.split()[0]) * 1024 for k, v in f.items()}
@@ -28,7 +30,7 @@ from inferlab.loader import load_checkpoint, resolve_model_path
 from inferlab.parallel.loader import load_shard
 name, rank, world = str(resolve_model_path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
 torch.ones(8).clone().sum()  # the copy kernels' code pages, touched before the baseline
-base = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024  # now, imports done
+base = vm_rss()  # now, imports done
 base_split = rss()
 if world == 0:
     model = load_checkpoint(name, device="cpu", dtype=torch.float32)[0]
@@ -39,7 +41,7 @@ assert all(torch.isfinite(t.float().sum()) for t in tensors)  # read every byte 
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 held = sum(t.numel() * t.element_size() for t in tensors)
 print(json.dumps({"weights_bytes": held, "peak_rss_growth_bytes": peak - base,
-                  "rss_growth_bytes": int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024 - base,
+                  "rss_growth_bytes": vm_rss() - base,
                   **{k: v - base_split[k] for k, v in rss().items()}}))
 """
 
@@ -56,7 +58,8 @@ def load_memory(model: str, world: int) -> list[dict]:
         rows.append({"load": label, "weights_mb": round(r["weights_bytes"] / 2**20, 1),
                      "peak_rss_growth_mb": round(r["peak_rss_growth_bytes"] / 2**20, 1),
                      "rss_growth_after_load_mb": round(r["rss_growth_bytes"] / 2**20, 1),
-                     "anon_growth_mb": round(r["RssAnon"] / 2**20, 1), "file_pages_growth_mb": round(r["RssFile"] / 2**20, 1)})
+                     "anon_growth_mb": round(r["RssAnon"] / 2**20, 1),
+                     "file_pages_growth_mb": round(r["RssFile"] / 2**20, 1)})
     return rows
 
 
@@ -94,7 +97,8 @@ def run(model: str = "target", batch: int = 4, context: int = 32, new_tokens: in
 
     from inferlab.llm import LLM
 
-    knobs = dict(device="cpu", dtype="float32", max_num_seqs=batch, num_kv_blocks=batch * (-(-(context + new_tokens) // 16)))
+    blocks = batch * -(-(context + new_tokens) // 16)
+    knobs = dict(device="cpu", dtype="float32", max_num_seqs=batch, num_kv_blocks=blocks)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(10, 4000, (batch, context), generator=gen).tolist()
     threads = torch.get_num_threads()
@@ -165,6 +169,7 @@ def main(argv: list[str]) -> int:
     for row in r["rows"]:
         print("  ".join(str(row[k]).rjust(len(k)) for k in keys))
     for row in r.get("load_memory", []):
-        print(f"{row['load']:<28} weights {row['weights_mb']:>7} MB   peak RSS growth {row['peak_rss_growth_mb']:>7} MB")
+        print(f"{row['load']:<28} weights {row['weights_mb']:>7} MB   "
+              f"peak RSS growth {row['peak_rss_growth_mb']:>7} MB")
     print(r["note"])
     return 0

@@ -98,7 +98,10 @@ def worker_main(spec: RankSpec, rank: int, conn) -> None:
             if msg[0] == "exit":
                 break
             _, args, kwargs = msg
-            runner.execute(*args, **kwargs)
+            try:
+                runner.execute(*args, **kwargs)
+            except ValueError:  # bad step inputs, found before any collective on every rank alike:
+                continue        # rank 0 raises it to its caller, and the ranks stay in step
     except BaseException as exc:  # noqa: BLE001 - report anything, then exit non-zero
         code = 1
         try:

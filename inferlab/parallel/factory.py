@@ -88,6 +88,8 @@ class TensorParallelFactory:
             return RowParallelLinear(in_features, out_features, bias, self.rank, self.world,
                                      reduce_results=kind != "w2")
         if kind == "gate":  # the MoE router: small, replicated
-            return q(in_features, out_features, bias, name) if q is not None else nn.Linear(in_features, out_features, bias=bias)
+            if q is not None:
+                return q(in_features, out_features, bias, name)
+            return nn.Linear(in_features, out_features, bias=bias)
         raise TensorParallelError(f"no tensor-parallel rule for projection {name!r}: add it to "
                                   "inferlab.parallel.factory (COLUMN or ROW)")

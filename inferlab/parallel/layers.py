@@ -141,7 +141,8 @@ def quantized_row(module: nn.Module, rank: int, tp_size: int, reduce_results: bo
     group = getattr(module, "group_size", None)
     if group is not None and module.in_features % group:
         raise comm.TensorParallelError(f"a group of {group} inputs would be cut across ranks ({module.in_features} "
-                                       f"inputs each): use a group size that divides {module.in_features}, or fewer ranks")
+                                       f"inputs each): use a group size that divides {module.in_features}, "
+                                       "or fewer ranks")
     module._tp = ("row", rank, tp_size)
     if reduce_results and tp_size > 1:
         module.register_forward_hook(lambda mod, args, out: comm.all_reduce(out))

@@ -38,6 +38,24 @@ def test_killed_worker_fails_the_next_request_fast():
     assert not llm.llm_engine.has_unfinished_requests()
 
 
+def test_refusals_at_launch_are_one_line_errors():
+    with pytest.raises(TensorParallelError, match="num_attention_heads .* tensor_parallel_size=3"):
+        LLM("target", device="cpu", tensor_parallel_size=3)  # 8 heads on 3 ranks
+    with pytest.raises(TensorParallelError, match="speculative decoding runs with tensor_parallel_size=1"):
+        LLM("target", device="cpu", tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+
+
+def test_a_bad_step_is_the_callers_error_and_the_ranks_stay_in_step():
+    from inferlab.engine.model_runner import SeqInput
+    llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
+    try:
+        with pytest.raises(ValueError, match="block table of 1 blocks cannot hold 40 tokens"):
+            llm.llm_engine.runner.execute([SeqInput(list(range(40)), 0, [0])])
+        assert llm.generate(["def f"], SamplingParams(max_tokens=3, temperature=0))[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
+
+
 def test_shutdown_leaves_no_process():
     llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
     pids = llm._tp.pids
