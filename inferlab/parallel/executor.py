@@ -29,7 +29,11 @@ import torch.distributed as dist
 
 from inferlab.parallel.comm import TensorParallelError
 
-TIMEOUT_S = float(os.environ.get("INFERLAB_TP_TIMEOUT", "60"))
+
+
+def timeout_s() -> float:
+    """Seconds a collective may wait for the other ranks (``INFERLAB_TP_TIMEOUT``, default 60)."""
+    return float(os.environ.get("INFERLAB_TP_TIMEOUT", "60"))
 
 
 @dataclasses.dataclass
@@ -43,6 +47,7 @@ class RankSpec:
     attention_backend: str
     engine_config: object  # EngineConfig
     init_method: str
+    timeout_s: float
 
 
 def _rank_device(device: str, rank: int) -> torch.device:
@@ -62,7 +67,7 @@ def setup_rank(spec: RankSpec, rank: int):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=spec.init_method, rank=rank, world_size=spec.world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=spec.timeout_s))
     model, tokenizer = load_shard(spec.model, rank, spec.world, device=device, dtype=spec.dtype)
     pack_projections(model)
     model.set_attention_backend(get_backend(spec.attention_backend))
@@ -148,7 +153,7 @@ class TensorParallelExecutor:
                                       "tensor-parallel LLM down first (llm.shutdown())")
         self.world, self.dead, self.in_group = world, None, False
         self.spec = RankSpec(str(model), world, str(device), dtype, attention_backend, engine_config,
-                             f"tcp://127.0.0.1:{_free_port()}")
+                             f"tcp://127.0.0.1:{_free_port()}", timeout_s())
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
         with _main_hidden():
@@ -178,7 +183,7 @@ class TensorParallelExecutor:
         return [p.pid for p in self.procs]
 
     def _wait_for(self, what: str) -> None:
-        deadline = time.monotonic() + TIMEOUT_S + 120  # imports and loading come first
+        deadline = time.monotonic() + self.spec.timeout_s + 120  # imports and loading come first
         for rank, (p, conn) in enumerate(zip(self.procs, self.conns), start=1):
             while not conn.poll(0.05):
                 if not p.is_alive() or time.monotonic() > deadline:

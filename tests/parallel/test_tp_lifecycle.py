@@ -38,6 +38,23 @@ def test_killed_worker_fails_the_next_request_fast():
     assert not llm.llm_engine.has_unfinished_requests()
 
 
+def test_a_stuck_worker_times_out_with_a_clear_error(monkeypatch):
+    """A worker that stops answering (SIGSTOP: alive, but silent) is a timeout, not a hang."""
+    monkeypatch.setenv("INFERLAB_TP_TIMEOUT", "3")
+    llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
+    (pid,) = llm._tp.pids
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TensorParallelError, match="collective failed"):
+            llm.generate(["def f"], SamplingParams(max_tokens=2))
+        assert time.monotonic() - t0 < 30
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        llm.shutdown()
+    assert not alive(pid)
+
+
 def test_refusals_at_launch_are_one_line_errors():
     with pytest.raises(TensorParallelError, match="num_attention_heads .* tensor_parallel_size=3"):
         LLM("target", device="cpu", tensor_parallel_size=3)  # 8 heads on 3 ranks
