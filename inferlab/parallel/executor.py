@@ -19,8 +19,9 @@ import datetime
 import gc
 import multiprocessing as mp
 import os
-import socket
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -136,10 +137,11 @@ def _main_hidden():
             setattr(main, k, v)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous() -> tuple[str, str]:
+    """A file the ranks meet through (torch's FileStore): unlike a TCP port picked in advance, no
+    other program can take it between picking and binding."""
+    folder = tempfile.mkdtemp(prefix="inferlab-tp-")
+    return folder, "file://" + os.path.join(folder, "store")
 
 
 class TensorParallelExecutor:
@@ -152,8 +154,9 @@ class TensorParallelExecutor:
             raise TensorParallelError("this process already belongs to a torch.distributed group: shut the other "
                                       "tensor-parallel LLM down first (llm.shutdown())")
         self.world, self.dead, self.in_group = world, None, False
+        self._store_dir, self._store_url = _rendezvous()
         self.spec = RankSpec(str(model), world, str(device), dtype, attention_backend, engine_config,
-                             f"tcp://127.0.0.1:{_free_port()}", timeout_s())
+                             self._store_url, timeout_s())
         ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
         with _main_hidden():
@@ -249,6 +252,7 @@ class TensorParallelExecutor:
         if self.in_group and dist.is_initialized():  # ours, not a later LLM's
             dist.destroy_process_group()
         self.in_group = False
+        shutil.rmtree(self._store_dir, ignore_errors=True)
         self.dead = self.dead or "this tensor-parallel LLM was shut down: create a new LLM"
 
 
