@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling, for reproducible runs (default: none)")
     p.add_argument("--stop", action="append", default=None, help="stop string, repeatable (default: none)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model over this many processes (gloo on CPU, NCCL on CUDA; default: 1)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s dict, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                    "(default: off)")
@@ -65,7 +67,8 @@ def main(argv: list[str]) -> int:
                      f"\"num_speculative_tokens\": 3}}'")
     except ValueError as exc:
         parser.error(str(exc))
-    llm = LLM(model=args.model, device=args.device, max_num_seqs=1, speculative_config=spec)
+    llm = LLM(model=args.model, device=args.device, max_num_seqs=1, speculative_config=spec,
+              tensor_parallel_size=args.tensor_parallel_size)
     check_context(llm, args.prompt, args.max_tokens)
     engine = llm.llm_engine
     before = dict(engine.counters)

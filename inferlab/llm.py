@@ -39,6 +39,8 @@ class LLM:
     quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
         "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
         already quantized and needs no argument.
+    tensor_parallel_size: split the model over this many processes (``inferlab.parallel``; gloo on
+        CPU, NCCL on CUDA). Call ``shutdown()`` to stop them (exiting the process does too).
     """
 
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
@@ -47,7 +49,7 @@ class LLM:
                  max_model_len: int | None = None, enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
-                 speculative_config: dict | None = None):
+                 speculative_config: dict | None = None, tensor_parallel_size: int = 1):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
                               gpu_memory_utilization, speculative_config)
@@ -56,6 +58,12 @@ class LLM:
             from inferlab.spec.medusa import heads_folder_for
             config.speculative_config = dataclasses.replace(spec, model=str(heads_folder_for(model)))
         backend = get_backend(attention_backend)  # check the knobs before loading anything
+        self._tp = None
+        if tensor_parallel_size != 1:
+            from inferlab.parallel.launch import start_parallel
+            start_parallel(self, model, tensor_parallel_size, device, dtype, attention_backend, config,
+                           quantization, speculative_config)
+            return
         self.model, self.tokenizer = load_checkpoint(model, device=device,
                                                      dtype=parse_dtype(dtype, device or default_device()))
         if quantization is not None:
@@ -80,6 +88,11 @@ class LLM:
         self.llm_engine = LLMEngine(self.model, self.tokenizer, config)
         self.last_stats: dict = {}
         self._ids = 0
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (safe to call twice)."""
+        if getattr(self, "_tp", None) is not None:
+            self._tp.shutdown()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

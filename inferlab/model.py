@@ -49,8 +49,12 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, idx: int, linear: LinearFactory, prefix: str):
         super().__init__()
         self.layer_idx = idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        d, q, kv = cfg.hidden_size, self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.head_dim = cfg.head_dim
+        # the heads this module computes: all of them, or a tensor-parallel rank's share (inferlab.parallel)
+        local_heads = getattr(linear, "attention_heads", None)
+        self.n_heads, self.n_kv = (local_heads(cfg) if local_heads
+                                   else (cfg.num_attention_heads, cfg.num_key_value_heads))
+        d, q, kv = cfg.hidden_size, cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
         self.q_proj = linear(d, q, cfg.attention_bias, f"{prefix}.q_proj")
         self.k_proj = linear(d, kv, cfg.attention_bias, f"{prefix}.k_proj")
         self.v_proj = linear(d, kv, cfg.attention_bias, f"{prefix}.v_proj")
@@ -104,7 +108,8 @@ class DecoderStack(nn.Module):
 
     def __init__(self, cfg: ModelConfig, linear: LinearFactory):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # a factory may build the embedding too (a tensor-parallel one shards the vocabulary)
+        self.embed_tokens = getattr(linear, "embedding", nn.Embedding)(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, linear) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

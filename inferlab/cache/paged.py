@@ -31,8 +31,10 @@ class PagedKVCache:
         self.v_slots = [self.v[i].view(-1, num_kv_heads, head_dim) for i in range(num_layers)]
 
     @classmethod
-    def for_model(cls, config, num_blocks: int, block_size: int, dtype, device) -> "PagedKVCache":
-        return cls(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
+    def for_model(cls, config, num_blocks: int, block_size: int, dtype, device,
+                  num_kv_heads: int | None = None) -> "PagedKVCache":
+        """``num_kv_heads``: the KV heads this process holds (a tensor-parallel rank's share); default all."""
+        return cls(config.num_hidden_layers, num_blocks, block_size, num_kv_heads or config.num_key_value_heads,
                    config.head_dim, dtype=dtype, device=device)
 
     @staticmethod

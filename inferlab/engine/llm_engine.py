@@ -39,7 +39,8 @@ class LLMEngine:
         self.config = (config or EngineConfig()).resolve(model.config, model.dtype, model.device)
         c = self.config
         self.block_manager = BlockManager(c.num_kv_blocks, c.block_size, c.enable_prefix_caching)
-        self.kv_cache = PagedKVCache.for_model(model.config, c.num_kv_blocks, c.block_size, model.dtype, model.device)
+        self.kv_cache = PagedKVCache.for_model(model.config, c.num_kv_blocks, c.block_size, model.dtype, model.device,
+                                               num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy)
