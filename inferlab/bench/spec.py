@@ -2,8 +2,9 @@
 
 Greedy, on prompts cut from held-out files of the corpus (the ``test`` split: code the models
 never trained on). Per method and k: tokens/s against plain decoding on the same contiguous
-path (timed alternately, best of ``--repeats``), the acceptance rate a, the mean acceptance
-length, the draft's cost c (one draft forward over one target forward), the verify cost v (a
+path (timed alternately, best of ``--repeats``), the acceptance rate (guesses kept / proposed,
+vLLM's), the mean acceptance length L (tokens per verify step) and the per-position acceptance a
+of Leviathan's formula (the a with (1 - a^(k+1)) / (1 - a) = L), the draft's cost c (one draft forward over one target forward), the verify cost v (a
 (k+1)-token target forward over a 1-token one), and the speedup the formula predicts from them:
 (1 - a^(k+1)) / ((1 - a)(k c + v)). ``outputs_identical`` checks every output against plain
 decoding. The first table runs the contiguous reference loop (``inferlab.spec.reference``).
@@ -35,7 +36,7 @@ from inferlab.errors import InferlabError
 from inferlab.spec.medusa import MedusaGuesser, heads_folder_for, load_heads
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
-from inferlab.spec.rejection import predicted_speedup
+from inferlab.spec.rejection import alpha_from_tokens_per_step, predicted_speedup
 
 
 def held_out_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -130,12 +131,14 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
         # prompt lookup's cost is a few array scans; Medusa's, one residual block and lm_head per guess
         c = c_draft if name == "draft" else _heads_cost(tmodel, heads, k) / one if name == "medusa" else 0.0
         v = _forward_cost(tmodel, k + 1, prompt_tokens) / one
+        length = sum(s.emitted for s in stats) / max(sum(s.steps for s in stats), 1)
+        alpha = alpha_from_tokens_per_step(length, k)  # Leviathan's per-position a, not accepted / proposed
         rows.append({"method": name, "num_speculative_tokens": k,
                      "tokens_per_s": total_new / best[(name, k)],
-                     "speedup": best_plain / best[(name, k)], "acceptance_rate": a,
-                     "mean_acceptance_length": sum(s.emitted for s in stats) / max(sum(s.steps for s in stats), 1),
+                     "speedup": best_plain / best[(name, k)], "acceptance_rate": a, "alpha": alpha,
+                     "mean_acceptance_length": length,
                      "draft_cost_ratio": c, "verify_cost_ratio": v,
-                     "predicted_speedup": predicted_speedup(a, k, c, v),
+                     "predicted_speedup": predicted_speedup(alpha, k, c, v),
                      "outputs_identical": outs == plain_out})
     return {"path": "contiguous reference loop, batch 1, greedy", "target": target, "draft": draft,
             "prompts": len(prompts), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
@@ -220,10 +223,11 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"{res['path']}: plain decoding {res['baseline_tokens_per_s']:.1f} tok/s "
           f"({res['prompts']} held-out prompts x {res['new_tokens']} tokens, {res['threads']} threads)")
-    print(f"{'method':8} {'k':>2} {'tok/s':>7} {'speedup':>8} {'predicted':>9} {'a':>5} {'len':>5} {'c':>5} {'v':>5} same")
+    print(f"{'method':8} {'k':>2} {'tok/s':>7} {'speedup':>8} {'predicted':>9} {'a':>5} {'len':>5} {'c':>5} {'v':>5} same"
+          "   (a: per-position acceptance, from len)")
     for r in res["methods"]:
         print(f"{r['method']:8} {r['num_speculative_tokens']:>2} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f}x "
-              f"{r['predicted_speedup']:8.2f}x {r['acceptance_rate']:5.2f} {r['mean_acceptance_length']:5.2f} "
+              f"{r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} {r['mean_acceptance_length']:5.2f} "
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
     if res.get("engine"):
         print("\nthe engine, speculation against the engine without it (greedy, all prompts at once)")

@@ -122,6 +122,20 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def alpha_from_tokens_per_step(tokens_per_step: float, k: int) -> float:
+    """The per-position acceptance alpha whose ``expected_tokens_per_step(alpha, k)`` equals the
+    measured mean (bisection; the function rises with alpha). This is the alpha of Leviathan's
+    formula; the share of guesses kept, accepted / proposed, is lower whenever k > 1."""
+    lo, hi = 0.0, 1.0
+    target = min(max(tokens_per_step, 1.0), k + 1.0)
+    if target >= k + 1.0:
+        return 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_step(mid, k) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def predicted_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     """Leviathan's wall-clock speedup: tokens per step over the step's cost in target forwards,
     (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)), with c the cost of one draft forward and v the
