@@ -46,6 +46,7 @@ class PagedAttentionMetadata:
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
     prefill_masks: list = dataclasses.field(default_factory=list)  # one per long prefill/chunk
     multi_query: dict | None = None  # slots [M, S], rows [M, Qmax], valid [M, Qmax], bias [M, 1, 1, Qmax, S]
+    sliding_window: int | None = None  # the model's (Mistral), set by build_masks
 
     def build_masks(self, sliding_window: int | None = None) -> None:
         """What every layer shares, built once per forward (the model calls this).
@@ -58,6 +59,7 @@ class PagedAttentionMetadata:
         if self.masks_built:
             return
         self.masks_built = True
+        self.sliding_window = sliding_window
         d, device = self.num_decodes, self.context_lens.device
         if d:
             ctx_host = self.context_lens_host[:d]
@@ -164,12 +166,20 @@ def torch_prefill(q, k, v, mask) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
+def torch_multi_query(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tensor:
+    """The short multi-query sequences (speculative verifies) of the torch backend: q [Hq, T, D]."""
+    cache = meta.kv_cache
+    return paged_multi_query(q, cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.multi_query)
+
+
 def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,
-                            decode_fn=torch_decode, prefill_fn=torch_prefill) -> torch.Tensor:
+                            decode_fn=torch_decode, prefill_fn=torch_prefill,
+                            multi_query_fn=torch_multi_query) -> torch.Tensor:
     """Write this call's K/V through ``slot_mapping``, then attend. q [1, Hq, N, D], k/v [1, Hkv, N, D].
     ``decode_fn(q, layer_idx, meta)`` computes the single-query sequences (see :func:`torch_decode`),
-    ``prefill_fn(q, k, v, mask)`` each prompt or chunk against its cached and new K/V (see
-    :func:`torch_prefill`): the two places an attention kernel plugs in."""
+    ``multi_query_fn(q, layer_idx, meta)`` the short multi-query ones together (see
+    :func:`torch_multi_query`), ``prefill_fn(q, k, v, mask)`` each prompt or chunk against its
+    cached and new K/V (see :func:`torch_prefill`): the places an attention kernel plugs in."""
     cache = meta.kv_cache
     cache.write(layer_idx, k[0].transpose(0, 1), v[0].transpose(0, 1), meta.slot_mapping)
     d = meta.num_decodes
@@ -180,7 +190,7 @@ def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadat
     start, m = d, meta.num_multi_query
     if m:
         t = sum(meta.query_lens[d:d + m])
-        out = paged_multi_query(q[0, :, d:d + t], cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.multi_query)
+        out = multi_query_fn(q[0, :, d:d + t], layer_idx, meta)
         parts.append(out[None])
         start += t
     for i, (q_len, ctx) in enumerate(zip(meta.query_lens[d + m:], meta.context_lens_host[d + m:])):

@@ -5,7 +5,10 @@ different kernels:
 
 - a ragged batch over the paged cache (``PagedAttentionMetadata``): K/V are written through
   ``slot_mapping`` as before; the decodes of the step run as *one* ``paged_attention`` launch
-  (Flash-Decoding over the block tables); each prompt or prompt chunk runs ``flash_attention``,
+  (Flash-Decoding over the block tables); the short multi-query rows of speculative verification
+  run as one more ``paged_attention`` launch, each query row a "sequence" of its own that shares
+  its sequence's block table and sees the keys up to its position (causal by context length);
+  each prompt or prompt chunk runs ``flash_attention``,
   causal bottom-right, over its own K/V (a fresh prompt) or its K/V gathered through its block
   table (a chunk after cached tokens, a prefix-cache hit);
 - the contiguous cache (``AttentionMetadata``): ``flash_attention`` for a causal prompt,
@@ -21,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.attention.base import AttentionMetadata
-from inferlab.attention.paged import PagedAttentionMetadata, paged_attention_forward, torch_decode, torch_prefill
+from inferlab.attention.paged import (PagedAttentionMetadata, paged_attention_forward, torch_decode,
+                                      torch_multi_query, torch_prefill)
 from inferlab.attention.torch_sdpa import TorchSDPABackend, decode_attention
 
 
@@ -32,6 +36,25 @@ def _decode_window_bites(meta: PagedAttentionMetadata) -> bool:
         bias = meta.decode_mask
         meta._triton_decode_window = bias is not None and bool((bias[:, 0, 0, 0] == float("-inf")).any())
     return meta._triton_decode_window
+
+
+def _multi_query_rows(meta: PagedAttentionMetadata):
+    """(block_tables [T, W], context_lens [T]) of the multi-query rows, one per query row; built once
+    per forward and kept on the metadata every layer shares. None under a sliding window."""
+    if not hasattr(meta, "_triton_multi_query"):
+        rows = None
+        d, m = meta.num_decodes, meta.num_multi_query
+        window = meta.sliding_window
+        if window is None or max(meta.context_lens_host[d:d + m]) <= window:
+            seqs, lens = [], []
+            for j, (q, c) in enumerate(zip(meta.query_lens[d:d + m], meta.context_lens_host[d:d + m])):
+                seqs += [d + j] * q
+                lens += range(c - q + 1, c + 1)
+            device = meta.block_tables.device
+            rows = (meta.block_tables.index_select(0, torch.tensor(seqs, device=device)),
+                    torch.tensor(lens, dtype=meta.context_lens.dtype, device=device))
+        meta._triton_multi_query = rows
+    return meta._triton_multi_query
 
 
 class TritonBackend(TorchSDPABackend):
@@ -52,7 +75,8 @@ class TritonBackend(TorchSDPABackend):
     def _paged(self, layer_idx, q, k, v, meta: PagedAttentionMetadata):
         """q [1, Hq, N, D], k/v [1, Hkv, N, D]: the new tokens of every sequence, decodes first. The
         engine's paged path, with the kernels plugged into its decode and prefill hooks."""
-        return paged_attention_forward(layer_idx, q, k, v, meta, decode_fn=self._decode, prefill_fn=self._prefill)
+        return paged_attention_forward(layer_idx, q, k, v, meta, decode_fn=self._decode, prefill_fn=self._prefill,
+                                       multi_query_fn=self._multi_query)
 
     def _decode(self, q, layer_idx: int, meta: PagedAttentionMetadata):
         if _decode_window_bites(meta):  # a sliding window hides early keys: the torch code handles it
@@ -60,6 +84,18 @@ class TritonBackend(TorchSDPABackend):
         cache, d = meta.kv_cache, q.shape[0]  # the kernel reads the blocks in place: [num_blocks, block_size, Hkv, D]
         return self.paged_attention(q, cache.k[layer_idx], cache.v[layer_idx], meta.block_tables[:d],
                                     meta.context_lens[:d])
+
+    def _multi_query(self, q, layer_idx: int, meta: PagedAttentionMetadata):
+        """q [Hq, T, D]: the T query rows of the multi-query sequences, one ``paged_attention``
+        launch over them. Row i of a sequence with q new tokens and context c attends to keys
+        0..c - q + i: the decode kernel with that context length is exactly the causal mask."""
+        rows = _multi_query_rows(meta)
+        if rows is None:  # a sliding window: the torch code builds the bias
+            return torch_multi_query(q, layer_idx, meta)
+        tables, lens = rows
+        cache = meta.kv_cache
+        out = self.paged_attention(q.transpose(0, 1).contiguous(), cache.k[layer_idx], cache.v[layer_idx], tables, lens)
+        return out.transpose(0, 1)
 
     def _prefill(self, q, k, v, mask):
         if mask is not None and not bool(mask[0, 0, -1, 0]):  # a sliding window hides early keys

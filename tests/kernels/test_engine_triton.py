@@ -90,3 +90,25 @@ def test_embedded_target():
     prompts = [[t for t in range(100, 112)], [500, 501, 502]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     assert tokens("target", "triton", prompts, params) == tokens("target", "torch", prompts, params)
+
+
+def test_speculative_verify_rows_run_on_the_kernel(tmp_path, monkeypatch):
+    """n-gram speculation: each verify's k + 1 query rows go through one paged_attention launch
+    (a row per query, causal by context length) and the tokens stay the torch backend's."""
+    save_variant("llama_gqa", tmp_path)
+    seen = []
+    original = TritonBackend._multi_query
+
+    def spy(self, q, layer_idx, meta):
+        out = original(self, q, layer_idx, meta)
+        seen.append(q.shape[1])
+        want = __import__("inferlab.attention.paged", fromlist=["torch_multi_query"]).torch_multi_query(q, layer_idx, meta)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        return out
+    monkeypatch.setattr(TritonBackend, "_multi_query", spy)
+    ids = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5 + [9]]  # repeats: prompt lookup finds guesses
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = tokens(tmp_path, "torch", ids, params, block_size=4)
+    assert tokens(tmp_path, "triton", ids, params, block_size=4, speculative_config=spec) == want
+    assert seen and max(seen) >= 3  # some step verified guesses with several query rows
