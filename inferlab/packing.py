@@ -12,7 +12,9 @@ tensor owns the memory and each projection's weight becomes a view of its rows, 
 stored twice. Every format whose tensors are laid out by output row packs: fp32/fp16 ``nn.Linear``,
 INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_K. NF4 (blocks over the flattened weight) and
 act-order INT4 (a column permutation per projection) stay unpacked. If a projection is replaced or
-moved later (``replace_linears``, ``.to()``), its layer notices and drops the packed copy.
+moved later (``replace_linears``, ``.to()``), its layer notices and drops the packed copy; while a
+forward hook watches a projection (calibration for GPTQ/AWQ, a probe in a notebook), the layer
+calls the projections one by one so the hook sees its input.
 """
 from __future__ import annotations
 
@@ -120,11 +122,18 @@ def pack_projections(model: nn.Module) -> int:
     return n
 
 
+def _global_hooks() -> bool:
+    from torch.nn.modules import module
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
 def use_packed(owner: nn.Module, attr: str, *parts: nn.Module) -> PackedLinear | None:
     """The packed module of ``owner`` if it still matches ``parts``; a stale one is dropped (freed)."""
     packed = owner.__dict__.get(attr)
     if packed is None:
         return None
+    if any(p._forward_hooks or p._forward_pre_hooks for p in parts) or _global_hooks():
+        return None  # someone watches a projection (calibration, a probe): call each one, as unpacked
     if packed.intact(*parts):
         return packed
     object.__setattr__(owner, attr, None)

@@ -86,3 +86,15 @@ def test_formats_that_cannot_pack_stay_unpacked(target):
     ref = logits(model, IDS)
     assert pack_projections(model) == 0
     torch.testing.assert_close(logits(model, IDS), ref)
+
+
+def test_a_hooked_projection_sees_its_input(target):
+    """Calibration (GPTQ, AWQ) and notebook probes hook single projections: packing must not hide them."""
+    model = copy.deepcopy(target[0])
+    pack_projections(model)
+    seen = []
+    handle = model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    ref = logits(model, IDS)
+    handle.remove()
+    assert seen == [torch.Size([1, IDS.shape[1], model.config.num_key_value_heads * model.config.head_dim])]
+    torch.testing.assert_close(logits(model, IDS), ref, atol=1e-5, rtol=1e-5)
