@@ -44,6 +44,16 @@ def test_admission_follows_priority_then_arrival(tiny):
     assert first_scheduled(steps) == ["r4", "r1", "r3", "r2", "r5", "r0"]  # lower first; ties by arrival
 
 
+def test_ties_go_by_arrival_time_not_by_call_order(tiny):
+    for policy in ("continuous", "static"):
+        engine = make_engine(tiny, block_size=4, max_num_seqs=1, scheduling_policy="priority", scheduler_policy=policy)
+        steps = trace(engine)
+        for rid, arrival in (("late", 30.0), ("early", 10.0), ("mid", 20.0)):
+            engine.add_request(rid, [7, 8, 9], params(2), arrival_time=arrival, priority=1)
+        run_all(engine)
+        assert first_scheduled(steps) == ["early", "mid", "late"], policy
+
+
 def test_a_later_more_urgent_request_overtakes_the_waiting_queue(tiny):
     engine = make_engine(tiny, block_size=4, max_num_seqs=1, scheduling_policy="priority")
     steps = trace(engine)
