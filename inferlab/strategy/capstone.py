@@ -64,10 +64,11 @@ def check(deployment: dict) -> dict:
 
 
 class Models:
-    """Each (model, quantization) variant loaded and quantized once, reused by every run."""
+    """Each (model, quantization) variant loaded and quantized once, reused by every run.
+    ``calibration``: (samples, tokens each) for the calibrated methods (AWQ, GPTQ)."""
 
-    def __init__(self, device: str | None = None):
-        self.device, self._models = device, {}
+    def __init__(self, device: str | None = None, calibration: tuple[int, int] = (8, 256)):
+        self.device, self.calibration, self._models = device, calibration, {}
 
     def get(self, name: str, quantization: str | None):
         key = (name, quantization)
@@ -78,7 +79,8 @@ class Models:
             if quantization is not None:
                 from inferlab.quant import quantize_model
 
-                quantize_model(model, quantization, tokenizer=tok, n_samples=8, seq_len=256, progress=False)
+                n, length = self.calibration
+                quantize_model(model, quantization, tokenizer=tok, n_samples=n, seq_len=length, progress=False)
             self._models[key] = (model, tok)
         return self._models[key]
 
