@@ -32,6 +32,9 @@ class LLM:
     block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
     enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
+    scheduling_policy: vLLM's queue order, "fcfs" (default) or "priority": then ``generate``'s
+        ``priority`` list orders the requests (lower first, ties by arrival) and the lowest
+        priority is preempted first.
     speculative_config: speculative decoding as a mode of the engine's step, vLLM's dict:
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
         {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary) or
@@ -49,10 +52,11 @@ class LLM:
                  max_model_len: int | None = None, enable_prefix_caching: bool = False,
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
-                 speculative_config: dict | None = None, tensor_parallel_size: int = 1):
+                 speculative_config: dict | None = None, scheduling_policy: str = "fcfs",
+                 tensor_parallel_size: int = 1):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
-                              gpu_memory_utilization, speculative_config)
+                              gpu_memory_utilization, speculative_config, scheduling_policy)
         spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
         if spec is not None and spec.method == "medusa" and spec.model is None:  # the heads beside the model
             from inferlab.spec.medusa import heads_folder_for
@@ -105,8 +109,11 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
-        """Generate for every prompt, all at once through the engine; outputs in prompt order."""
+                 prompt_token_ids: list[list[int]] | None = None,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generate for every prompt, all at once through the engine; outputs in prompt order.
+        ``priority`` (vLLM's): one integer per prompt, lower served first; it needs an ``LLM``
+        made with ``scheduling_policy="priority"``."""
         if prompts is None and prompt_token_ids is None:
             raise InferlabError("give prompts (strings) or prompt_token_ids")
         if isinstance(prompts, str):
@@ -121,16 +128,20 @@ class LLM:
             sampling_params = [sampling_params] * n
         if len(sampling_params) != n:
             raise InferlabError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
+        if priority is None:
+            priority = [0] * n
+        if len(priority) != n:
+            raise InferlabError(f"got {len(priority)} priorities for {n} prompts: give one per prompt")
         engine = self.llm_engine
         before = dict(engine.counters)
         ids = []
         finals: dict[str, RequestOutput] = {}
         t0 = time.perf_counter()
         try:  # a bad prompt or an interrupt leaves nothing of this call queued in the engine
-            for ids_, sp in zip(prompt_token_ids, sampling_params):
+            for ids_, sp, prio in zip(prompt_token_ids, sampling_params, priority):
                 rid = f"generate-{self._ids}"
                 self._ids += 1
-                engine.add_request(rid, list(ids_), sp, stream=False)
+                engine.add_request(rid, list(ids_), sp, stream=False, priority=prio)
                 ids.append(rid)
             while engine.has_unfinished_requests():
                 for out in engine.step():

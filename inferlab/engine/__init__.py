@@ -1,7 +1,8 @@
 """The serving engine, in nano-vllm's layout.
 
     llm_engine.py     LLMEngine: add_request, step, abort_request, kv_cache_stats
-    scheduler.py      waiting / running queues, token budget, preemption (policy.py: continuous, static)
+    scheduler.py      waiting / running queues (fcfs or priority order), token budget, preemption
+                      (policy.py: continuous, static)
     sched_output.py   SchedulerOutput: what one step runs (shared by scheduler.py and policy.py)
     block_manager.py  the KV block allocator: block tables, ref counts, prefix caching, copy-on-write
     model_runner.py   one forward over a ragged batch (slot_mapping, block_tables)

@@ -12,6 +12,8 @@
     enable_prefix_caching   reuse the KV blocks of a prompt prefix seen before
     enable_chunked_prefill  split long prompts into chunks that share steps with decodes
     scheduler_policy        "continuous" (iteration-level) or "static"
+    scheduling_policy       vLLM's queue order: "fcfs" (arrival) or "priority" (each request's
+                            ``priority``, lower first, ties by arrival; lowest preempted first)
     speculative_config      None, or vLLM's dict: {"method": "ngram", "num_speculative_tokens": 3,
                             "prompt_lookup_max": 4} (``inferlab.spec.config``)
 """
@@ -26,6 +28,7 @@ from inferlab.engine.policy import POLICIES
 from inferlab.spec.config import SpeculativeConfig
 
 CPU_KV_CACHE_BYTES = 1 << 30
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclasses.dataclass
@@ -40,6 +43,7 @@ class EngineConfig:
     scheduler_policy: str = "continuous"
     gpu_memory_utilization: float = 0.9
     speculative_config: dict | SpeculativeConfig | None = None
+    scheduling_policy: str = "fcfs"
 
     def resolve(self, model_config, dtype, device) -> "EngineConfig":
         """Check every knob and fill in the defaults for this model; returns a new config."""
@@ -51,6 +55,9 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
         if c.scheduler_policy not in POLICIES:
             raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
+        if c.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {c.scheduling_policy!r}: choose 'fcfs' (arrival order) "
+                             f"or 'priority' (each request's priority, lower first)")
         if not 0 < c.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         c.speculative_config = SpeculativeConfig.from_dict(c.speculative_config)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import numbers
 import time
 
 import torch
@@ -43,7 +44,7 @@ class LLMEngine:
                                                num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
         self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
-                                   c.enable_chunked_prefill, c.scheduler_policy)
+                                   c.enable_chunked_prefill, c.scheduler_policy, c.scheduling_policy)
         # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
         self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
         self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
@@ -60,14 +61,21 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | None = None,
-                    arrival_time: float | None = None, stream: bool = True) -> None:
+                    arrival_time: float | None = None, stream: bool = True, priority: int = 0) -> None:
         """Queue a request. ``stream=False`` or ``output_kind=FINAL_ONLY`` in its params: ``step``
         reports it once, finished; otherwise every step that gives it tokens reports it, whole
-        (CUMULATIVE) or as what is new (DELTA)."""
+        (CUMULATIVE) or as what is new (DELTA). ``priority`` (vLLM's): lower is served first;
+        needs ``scheduling_policy="priority"``."""
         params = sampling_params or SamplingParams()
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use: give each request its own id")
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer (lower is served first), got {priority!r}")
+        priority = int(priority)
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"got priority {priority} but this engine schedules first come, first served: "
+                             f"create it with scheduling_policy='priority'")
         text = prompt if isinstance(prompt, str) else None
         if text is not None:
             if self.tokenizer is None:
@@ -87,17 +95,21 @@ class LLMEngine:
         if len(ids) + params.max_tokens > pool:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the whole KV "
                              f"pool of {pool} slots (num_kv_blocks x block_size): raise num_kv_blocks or lower max_tokens")
-        seq = self._new_seq(request_id, ids, params, 0)
-        seq.num_pending_forks = params.n - 1
         metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
-        self.requests[request_id] = Request(request_id, text, ids, params, [seq], metrics, stream=stream)
+        req = Request(request_id, text, ids, params, [], metrics, stream=stream, priority=priority)
+        seq = self._new_seq(req, 0)
+        seq.num_pending_forks = params.n - 1
+        req.seqs.append(seq)
+        self.requests[request_id] = req
         self.scheduler.add(seq)
 
-    def _new_seq(self, request_id, ids, params, index) -> EngineSequence:
+    def _new_seq(self, req: Request, index: int) -> EngineSequence:
+        params = req.params
         seed = None if params.seed is None else params.seed + index  # vLLM: child i uses seed + i
-        return EngineSequence(next(self._seq_ids), ids, params, request_id=request_id, index=index,
-                              generator=make_generator(seed, self.model.device))
+        return EngineSequence(next(self._seq_ids), req.prompt_token_ids, params, request_id=req.request_id,
+                              index=index, generator=make_generator(seed, self.model.device),
+                              priority=req.priority, arrival_time=req.metrics.arrival_time)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now: its sequences leave the queues and free their KV blocks."""
@@ -204,7 +216,7 @@ class LLMEngine:
         """Parallel sampling: the n - 1 siblings share the prompt's blocks and draw their own first token."""
         req = self.requests[parent.request_id]
         for _ in range(parent.num_pending_forks):
-            child = self._new_seq(req.request_id, req.prompt_token_ids, req.params, len(req.seqs))
+            child = self._new_seq(req, len(req.seqs))
             child.num_computed_tokens = parent.num_computed_tokens
             req.seqs.append(child)
             self.scheduler.fork(parent, child)

@@ -4,6 +4,14 @@
 every step. ``static`` admits a batch and runs it until its longest request ends, the way a
 server without an iteration-level scheduler batches requests; it runs on the same code so the
 two can be compared fairly (``inferlab.bench.serve``).
+
+Under ``scheduling_policy="priority"`` the continuous policy serves one priority level at a time,
+most urgent first: the level's running sequences, then its waiting ones. A sequence short of KV
+blocks preempts the lowest-priority newest running one (vLLM v1's rule), and a waiting sequence
+that cannot be admitted preempts running ones of a lower priority to make room (vLLM v0's
+priority preemption). So a level never waits for a lower one, and a request's schedule does not
+change when lower-priority work shares the engine: background jobs get only what is left.
+Under "fcfs" there is one level and this is the plain continuous policy.
 """
 from __future__ import annotations
 
@@ -22,12 +30,15 @@ class SchedulingPolicy(ABC):
         """Pick this step's sequences and token counts; preempt when the KV pool runs dry."""
 
 
-def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int) -> int:
-    """Running sequences, oldest first, each gets its next tokens; when blocks run out the newest
-    running sequence is preempted (possibly the one being scheduled). Returns the budget left."""
-    i = 0
+def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int, level: int | None = None) -> int:
+    """Running sequences (of ``level``; None: all), oldest first, each gets its next tokens; when
+    blocks run out the scheduler's victim (``Scheduler.victim``: the newest, or the lowest priority)
+    is preempted, possibly the one being scheduled. Returns the budget left."""
+    i = 0 if level is None else sum(s.level(q) < level for q in s.running)  # where the level starts
     while i < len(s.running) and budget > 0:
         seq = s.running[i]
+        if level is not None and s.level(seq) != level:
+            break
         k = s.num_new_tokens(seq, budget)
         if k == 0:
             break
@@ -37,7 +48,7 @@ def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int) -> int:
                 seq.spec_token_ids = []
                 s.block_manager.truncate(seq.seq_id, seq.num_computed_tokens + k)
                 continue
-            victim = s.running[-1]  # the newest; never one already scheduled (those are older)
+            victim = s.victim()  # the last running: never one already scheduled (those come before)
             s.preempt(victim, out)
             if victim is seq:
                 return budget
@@ -47,17 +58,35 @@ def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int) -> int:
     return budget
 
 
+def admit_waiting(s: "Scheduler", out: SchedulerOutput, budget: int, level: int | None = None) -> int:
+    """Admit waiting sequences (of ``level``; None: all) in queue order while they fit; stop at the
+    first that does not (no one overtakes it). Under "priority", one that does not fit preempts
+    running sequences of a lower priority first (their blocks and slots), then tries again."""
+    for seq in [q for q in s.waiting if level is None or s.level(q) == level]:
+        if budget <= 0:
+            break
+        k = s.admit(seq, budget, out)
+        while (k == 0 and s.by_priority and s.running and s.level(s.victim()) > s.level(seq)
+               and s.num_new_tokens(seq, budget) > 0):  # short of slots or blocks, not of budget
+            s.preempt(s.victim(), out)  # a lower level, not scheduled yet this step: nothing to undo
+            k = s.admit(seq, budget, out)
+        if k == 0:
+            break
+        budget -= k
+    return budget
+
+
 class ContinuousPolicy(SchedulingPolicy):
     def schedule(self, s: "Scheduler") -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = schedule_running(s, out, s.max_num_batched_tokens)
-        if out.preempted:  # the pool is short: admitting now would only preempt again
-            return out
-        while s.waiting and budget > 0:  # first come, first served: stop at the first that waits
-            k = s.admit(s.waiting[0], budget, out)
-            if k == 0:
-                break
-            budget -= k
+        budget = s.max_num_batched_tokens
+        for level in s.levels():  # one level under "fcfs"
+            budget = schedule_running(s, out, budget, level)
+            # a preemption at this level or a more urgent one: the pool is short for this level,
+            # admitting now would only preempt again (under "fcfs": any preemption stops admission)
+            if any(s.level(q) <= level for q in out.preempted):
+                continue
+            budget = admit_waiting(s, out, budget, level)
         return out
 
 
@@ -73,11 +102,8 @@ class StaticPolicy(SchedulingPolicy):
         if not s.running:
             self.batch_open = True
         budget = schedule_running(s, out, s.max_num_batched_tokens)
-        while self.batch_open and s.waiting and budget > 0 and not out.preempted:
-            k = s.admit(s.waiting[0], budget, out)
-            if k == 0:
-                break
-            budget -= k
+        if self.batch_open and not out.preempted:
+            budget = admit_waiting(s, out, budget)
         full = len(s.running) >= s.max_num_seqs or not s.waiting
         if out.preempted or full or (s.waiting and budget > 0):  # formed (or blocked by the pool)
             self.batch_open = False

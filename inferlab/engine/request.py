@@ -14,6 +14,9 @@ With speculative decoding a decoding sequence also carries ``spec_token_ids``: a
 guesses for the tokens after its last one. They are not its tokens yet: the step computes them as
 lookahead behind the last token, the verifier keeps a prefix of them, and the rest are forgotten
 (``num_computed_tokens`` moves back over their slots).
+
+Every sequence also carries its request's ``priority`` and ``arrival_time``: under the
+``"priority"`` scheduling policy the queues are ordered by them (``scheduler.py``).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ class EngineSequence(Sequence):
     sent_tokens: int = 0
     spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # guesses to verify this step
     draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
+    priority: int = 0                # vLLM's request priority: lower is served first (scheduling_policy="priority")
+    arrival_time: float = 0.0        # the request's arrival (time.monotonic()): breaks ties between priorities
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__
 
@@ -79,6 +84,7 @@ class Request:
     metrics: RequestMetrics = dataclasses.field(default_factory=lambda: RequestMetrics(time.monotonic()))
     aborted: bool = False
     stream: bool = True  # False: only the final output is reported
+    priority: int = 0    # lower is served first (scheduling_policy="priority")
 
     @property
     def finished(self) -> bool:

@@ -14,11 +14,19 @@ budget* (``max_num_batched_tokens``) and a cap on sequences (``max_num_seqs``):
 * when the KV pool runs dry, the newest running sequence is *preempted*: its blocks are freed and
   it goes back to the front of the waiting queue, to be recomputed later (vLLM's recompute).
 
+``scheduling_policy`` (vLLM's name) orders the queues. ``"fcfs"``: as above, arrival order.
+``"priority"``: each request carries a ``priority`` (lower is served first, ties by arrival);
+both queues are kept in (priority, arrival) order, so the last running sequence, the one
+preempted first, is the lowest-priority newest one (vLLM v1's victim:
+``max(running, key=(priority, arrival_time))``). The policy then serves one priority level at a
+time (``policy.py``).
+
 The policy (``policy.py``) writes the step with the primitives below: ``num_new_tokens``,
 ``grow`` (blocks for more tokens), ``preempt`` and ``admit``.
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 from inferlab.engine.block_manager import BlockManager, NoFreeBlocksError
@@ -32,18 +40,44 @@ __all__ = ["Scheduler", "SchedulerOutput", "ScheduledSeq"]
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = False, policy: str = "continuous"):
+                 enable_chunked_prefill: bool = False, policy: str = "continuous",
+                 scheduling_policy: str = "fcfs"):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = get_policy(policy)
+        self.by_priority = scheduling_policy == "priority"
         self.waiting: deque[EngineSequence] = deque()
         self.running: list[EngineSequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: EngineSequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self._enqueue(self.waiting, seq)
+
+    # ---- the queues' order --------------------------------------------------------------------
+    def level(self, seq: EngineSequence) -> int:
+        """The priority level ``seq`` is served at: its priority, or 0 for all under "fcfs"."""
+        return seq.priority if self.by_priority else 0
+
+    def levels(self) -> list[int]:
+        """The levels present in the queues, most urgent first (one, [0], under "fcfs")."""
+        return sorted({self.level(q) for q in (*self.running, *self.waiting)})
+
+    def _enqueue(self, queue: deque, seq: EngineSequence, front: bool = False) -> None:
+        """Put ``seq`` in ``queue``: at its (priority, arrival) place under "priority"; else at the
+        back, or at the front for a preempted sequence (vLLM's prepend: it was already running)."""
+        if self.by_priority:
+            bisect.insort(queue, seq, key=lambda q: (q.priority, q.arrival_time, q.seq_id))
+        elif front:
+            queue.appendleft(seq)
+        else:
+            queue.append(seq)
+
+    def victim(self) -> EngineSequence:
+        """The running sequence to preempt first: the last one, which is the newest admitted under
+        "fcfs" and, the queue being kept in that order, the lowest-priority newest under "priority"."""
+        return self.running[-1]
 
     def schedule(self) -> SchedulerOutput:
         self.fit_spec_tokens()
@@ -84,7 +118,8 @@ class Scheduler:
         return True
 
     def preempt(self, seq: EngineSequence, out: SchedulerOutput) -> None:
-        """Free ``seq``'s blocks and put it at the front of the waiting queue (recompute later)."""
+        """Free ``seq``'s blocks and put it back in the waiting queue, at the front (under "priority":
+        at its priority's place) to be recomputed later."""
         table = set(self.block_manager.block_table(seq.seq_id))
         out.copies = [(s, d) for s, d in out.copies if d not in table]
         self.block_manager.free(seq.seq_id)
@@ -92,7 +127,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(self.waiting, seq, front=True)
         self.num_preemptions += 1
         out.preempted.append(seq)
 
@@ -113,7 +148,7 @@ class Scheduler:
         self.grow(seq, min(seq.num_tokens, cached + budget), out)  # cache hits leave budget for more
         k = self.block_manager.num_tokens(seq.seq_id) - cached
         self.waiting.remove(seq)
-        self.running.append(seq)
+        self._enqueue(self.running, seq)
         seq.status = SequenceStatus.RUNNING
         out.add(seq, k)
         return k
@@ -138,7 +173,7 @@ class Scheduler:
     def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
         self.block_manager.fork(parent.seq_id, child.seq_id)
         child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+        self._enqueue(self.running, child)
 
     def finish(self, seq: EngineSequence) -> None:
         """A finished or aborted sequence leaves its queue and returns its blocks."""

@@ -4,7 +4,7 @@
     embed.py           the cache's embedders: wordllama (offline, 256 dims) and the model's hidden states
     questions.py       the customer-service question set and the cache's threshold sweep
     router.py          small or large model by a cheap signal; cost and quality over a threshold sweep
-    priority.py        vLLM-style request priorities on the engine; background precompute served from a cache
+    priority.py        background precompute on the engine's priority scheduling, served from a cache
     thresholds.py      the cache lookup and the routing decision as plain functions, thresholds chosen on data (lab 07)
     workload.py        a seeded day of customer-service chat: Poisson arrivals, shared system prompt, FAQ questions
     capstone.py        serve that workload under a deployment (engine knobs + strategies) and measure it (lab 08)

@@ -8,13 +8,16 @@ A deployment is a dict of switches, the engine's knobs plus the strategies of no
     max_num_seqs             sequences per step
     semantic_cache_threshold None, or serve FAQ answers at this cosine similarity (wordllama, scoped by topic)
     router_threshold         None, or send requests whose small-model prompt NLL is <= this to the draft
-    speculative              None (speculative decoding: pending, the engine has no proposer yet)
+    speculative              None, or n-gram speculative decoding as vLLM's speculative_config:
+                             {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 
 ``serve`` drives the engine(s) one tick at a time (arrivals at their tick, then one step of each
 engine) and reports, per request, TTFT and TPOT in steps and in measured seconds; KV memory at
 its peak; the work done; and quality: agreement with a reference run's tokens and the wrong answers
 the cache served. ``cost`` prices the work as a memory-bound GPU would: every step of a model
 reads all its weights once, so a step costs its weight bytes (counted in fp16 steps of the large model).
+A speculative step verifies every guess in that one read, so it costs what any step costs; the
+n-gram proposer reads no weights (a draft model would, which is why it is not offered here).
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ def check(deployment: dict) -> dict:
     if not isinstance(d["max_num_seqs"], int) or not 1 <= d["max_num_seqs"] <= 64:
         raise ValueError(f"max_num_seqs must be an integer in 1..64, got {d['max_num_seqs']!r}")
     if d["speculative"] is not None:
-        raise ValueError("speculative decoding is not in the engine yet: leave 'speculative' as None")
+        from inferlab.spec.config import SpeculativeConfig
+
+        spec = SpeculativeConfig.from_dict(d["speculative"])  # its own one-line errors
+        if spec.method != "ngram":
+            raise ValueError("the capstone prices n-gram speculation only (a draft model's bytes are not counted): "
+                             "use {'method': 'ngram', 'num_speculative_tokens': 3}")
     for key in ("semantic_cache_threshold", "router_threshold"):
         if d[key] is not None and not isinstance(d[key], (int, float)):
             raise ValueError(f"{key} is a number or None, got {d[key]!r}")
@@ -56,10 +64,11 @@ def check(deployment: dict) -> dict:
 
 
 class Models:
-    """Each (model, quantization) variant loaded and quantized once, reused by every run."""
+    """Each (model, quantization) variant loaded and quantized once, reused by every run.
+    ``calibration``: (samples, tokens each) for the calibrated methods (AWQ, GPTQ)."""
 
-    def __init__(self, device: str | None = None):
-        self.device, self._models = device, {}
+    def __init__(self, device: str | None = None, calibration: tuple[int, int] = (8, 256)):
+        self.device, self.calibration, self._models = device, calibration, {}
 
     def get(self, name: str, quantization: str | None):
         key = (name, quantization)
@@ -70,7 +79,8 @@ class Models:
             if quantization is not None:
                 from inferlab.quant import quantize_model
 
-                quantize_model(model, quantization, tokenizer=tok, n_samples=8, seq_len=256, progress=False)
+                n, length = self.calibration
+                quantize_model(model, quantization, tokenizer=tok, n_samples=n, seq_len=length, progress=False)
             self._models[key] = (model, tok)
         return self._models[key]
 
@@ -100,7 +110,8 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
     d = check(deployment)
     large, tok = models.get("target", d["quantization"])
     knobs = dict(block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, max_num_seqs=d["max_num_seqs"],
-                 enable_prefix_caching=d["enable_prefix_caching"], scheduler_policy=d["scheduler_policy"])
+                 enable_prefix_caching=d["enable_prefix_caching"], scheduler_policy=d["scheduler_policy"],
+                 speculative_config=d["speculative"])
     engines = {"large": LLMEngine(large, tok, EngineConfig(**knobs))}
     small = None
     if d["router_threshold"] is not None:
@@ -164,6 +175,13 @@ def _q(values, q):
     return float(np.quantile(np.asarray(values, dtype=float), q, method="inverted_cdf")) if len(values) else 0.0
 
 
+def _acceptance(engines) -> float | None:
+    """Share of speculative guesses the verifier kept (None: no speculation)."""
+    guessed = sum(e.counters["spec_decode_num_draft_tokens"] for e in engines.values())
+    kept = sum(e.counters["spec_decode_num_accepted_tokens"] for e in engines.values())
+    return kept / guessed if guessed else None
+
+
 def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, reference) -> dict:
     cum = np.concatenate([[0.0], np.cumsum(tick_s)])
     ttft_steps, ttft_s, tpot_steps, tpot_s = [], [], [], []
@@ -194,6 +212,7 @@ def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, refe
         "tpot_s_p50": _q(tpot_s, 0.5), "tpot_s_p99": _q(tpot_s, 0.99),
         "cost": sum(steps[n] * weights[n] for n in engines) / fp16_large,
         "cache_hits": len(served), "wrong_answers": sum(not r.right for r in served),
+        "spec_acceptance": _acceptance(engines),
         "tokens": {r.rid: r.tokens for r in reqs.values() if r.where != "cache"},
     }
     if reference is not None:

@@ -24,6 +24,7 @@ def deployment() -> dict:
         "max_num_seqs":             8        (1..64)
         "semantic_cache_threshold": None     (or a cosine similarity: serve FAQ answers, scoped by topic)
         "router_threshold":         None     (or send prompts whose draft NLL is <= this to the draft model)
-        "speculative":              None     (not available yet)
+        "speculative":              None     (or n-gram speculative decoding, vLLM's speculative_config:
+                                              {"method": "ngram", "num_speculative_tokens": 3})
     """
     raise NotImplementedError("about 4 lines")

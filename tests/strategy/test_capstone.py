@@ -21,7 +21,9 @@ def test_workload_is_seeded_and_shaped():
 
 @pytest.mark.parametrize("bad, words", [({"max_batch": 4}, "unknown switch"), ({"quantization": "int3"}, "quantization"),
                                         ({"scheduler_policy": "fifo"}, "scheduler_policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
-                                        ({"speculative": "ngram"}, "not in the engine yet"), ([1], "dict")])
+                                        ({"speculative": "ngram"}, "speculative_config must be a dict"),
+                                        ({"speculative": {"model": "draft", "num_speculative_tokens": 2}}, "n-gram"),
+                                        ([1], "dict")])
 def test_bad_deployments_say_what_to_do(bad, words):
     with pytest.raises(ValueError, match=words):
         C.check(bad)
@@ -38,7 +40,10 @@ def runs():
                       "prefix": {"scheduler_policy": "continuous", "enable_prefix_caching": True},
                       "int8": {"scheduler_policy": "continuous", "enable_prefix_caching": True, "quantization": "int8"},
                       "cache": {"scheduler_policy": "continuous", "enable_prefix_caching": True,
-                                "semantic_cache_threshold": 0.65}}.items():
+                                "semantic_cache_threshold": 0.65},
+                      "spec": {"scheduler_policy": "continuous", "enable_prefix_caching": True,
+                               "speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}},
+                      }.items():
         out[name] = C.serve(dep, workload, models, reference=ref)
     return out
 
@@ -60,6 +65,11 @@ def test_each_step_does_what_it_should(runs):
     assert k["engine_steps"] < p["engine_steps"] and k["generated_tokens"] < p["generated_tokens"]
     assert k["ttft_steps_p50"] <= p["ttft_steps_p50"]
     assert all(r["tpot_steps_p50"] >= 1 for r in (s, c, p, q)) and c["ttft_steps_p50"] >= 1
+    # n-gram speculation: the same greedy tokens in fewer steps, some guesses kept
+    sp = runs["spec"]
+    assert sp["generated_tokens"] == p["generated_tokens"] and sp["agreement"] > 0.95
+    assert 0 < sp["spec_acceptance"] < 1 and sp["engine_steps"] < p["engine_steps"] and sp["tpot_steps_p50"] < 1
+    assert p["spec_acceptance"] is None
 
 
 def test_router_sends_requests_to_the_draft(runs):

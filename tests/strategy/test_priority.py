@@ -1,9 +1,8 @@
-"""Priority scheduling and background precompute on the real engine (the small embedded model)."""
+"""Background precompute on the engine's priority scheduling (the small embedded model)."""
 import numpy as np
 import pytest
 
 from inferlab.engine import EngineConfig, LLMEngine
-from inferlab.engine.policy import ContinuousPolicy
 from inferlab.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.strategy import priority as P
@@ -15,7 +14,7 @@ def model():
 
 
 def engine(model, **knobs):
-    return LLMEngine(*model, EngineConfig(**{"block_size": 4, **knobs}))
+    return LLMEngine(*model, EngineConfig(**{"block_size": 4, "scheduling_policy": "priority", **knobs}))
 
 
 def params(n):
@@ -38,11 +37,9 @@ KNOBS = dict(num_kv_blocks=24, max_num_seqs=4)  # tight: the job must give way
 
 def test_interactive_schedule_is_unchanged_by_a_background_job_which_still_completes(model):
     alone = engine(model, **KNOBS)
-    P.use_priority(alone)
     base = P.run(alone, interactive_load())
 
     busy = engine(model, **KNOBS)
-    P.use_priority(busy)
     pre = P.Precompute()
     load = interactive_load()
     jobs = [pre.job(f"report-{j}", list(range(10 + j, 40 + j)), params(30)) for j in range(3)]
@@ -60,35 +57,13 @@ def test_interactive_schedule_is_unchanged_by_a_background_job_which_still_compl
     assert min(with_job.finished[f"precompute-report-{j}"] for j in range(3)) < max(base.finished.values())
 
 
-def test_one_level_schedules_as_the_continuous_policy(model):
-    """With every request at the same priority the policy is the engine's continuous policy, step by step."""
-    records = []
-    for use in (False, True):
-        e = engine(model, num_kv_blocks=12, max_num_seqs=3)
-        steps = []
-        e.step_hooks.append(lambda eng, rec: steps.append(
-            [(r["request_id"], r["start"], r["num_new_tokens"]) for r in rec["scheduled"]] + [rec["preempted"]]))
-        if use:
-            P.use_priority(e)
-        else:
-            assert isinstance(e.scheduler.policy, ContinuousPolicy)
-        rng = np.random.default_rng(1)
-        for i in range(8):
-            e.add_request(f"r{i}", [int(t) for t in rng.integers(5, 200, size=9 + i)], params(6 + i % 3))
-        while e.has_unfinished_requests():
-            e.step()
-        records.append(steps)
-    assert records[0] == records[1] and any(s[-1] for s in records[0])  # preemptions included
-
-
 def test_waiting_interactive_preempts_a_running_job(model):
     e = engine(model, num_kv_blocks=40, max_num_seqs=2)
-    P.use_priority(e)
     for j in range(2):
-        P.add_request(e, f"job{j}", list(range(10, 30)), params(40), P.BACKGROUND)
+        e.add_request(f"job{j}", list(range(10, 30)), params(40), priority=P.BACKGROUND)
     e.step()
     assert e.num_running == 2
-    P.add_request(e, "user", list(range(50, 60)), params(3))
+    e.add_request("user", list(range(50, 60)), params(3), priority=P.INTERACTIVE)
     e.step()
     running = [s.request_id for s in e.scheduler.running]
     assert "user" in running and e.num_preemptions == 1 and running.count("job0") == 1  # the newest job left
@@ -96,21 +71,19 @@ def test_waiting_interactive_preempts_a_running_job(model):
 
 def test_a_job_preempted_for_a_running_request_does_not_delay_admissions(model):
     e = engine(model, num_kv_blocks=12, max_num_seqs=4)
-    P.use_priority(e)
-    P.add_request(e, "user0", list(range(10, 18)), params(5))           # 2 blocks; its first decode needs a 3rd
+    e.add_request("user0", list(range(10, 18)), params(5))           # 2 blocks; its first decode needs a 3rd
     for j in range(2):
-        P.add_request(e, f"job{j}", list(range(20, 40)), params(20), P.BACKGROUND)  # 5 blocks each: pool full
+        e.add_request(f"job{j}", list(range(20, 40)), params(20), priority=P.BACKGROUND)  # 5 blocks each: pool full
     e.step()
     assert e.block_manager.num_free_blocks == 0
-    P.add_request(e, "user1", list(range(50, 58)), params(3))
+    e.add_request("user1", list(range(50, 58)), params(3))
     e.step()                                   # user0 grows (job1 preempted), then user1 is admitted at once
     running = [s.request_id for s in e.scheduler.running]
-    assert running == ["user0", "job0", "user1"]    # job1 was preempted; user1 did not wait a step
+    assert running == ["user0", "user1", "job0"]    # job1 was preempted; user1 did not wait a step (queue in priority order)
 
 
 def test_precomputed_answer_equals_the_interactive_one(model):
     e = engine(model)
-    P.use_priority(e)
     pre = P.Precompute()
     prompt = list(range(30, 50))
     P.run(e, {0: [pre.job("daily", prompt, params(16)), ("now", prompt, params(16), P.INTERACTIVE)]},
@@ -121,10 +94,8 @@ def test_precomputed_answer_equals_the_interactive_one(model):
 outs = {}
 
 
-def test_clear_errors(model):
-    e = engine(model)
-    with pytest.raises(ValueError, match="use_priority"):
-        P.add_request(e, "a", [1, 2, 3], params(2))
-    e.add_request("x", [1, 2, 3], params(2))
-    with pytest.raises(ValueError, match="before adding requests"):
-        P.use_priority(e)
+def test_a_background_job_needs_the_priority_policy(model):
+    e = LLMEngine(*model, EngineConfig(block_size=4))  # "fcfs"
+    with pytest.raises(ValueError, match="scheduling_policy='priority'"):
+        P.run(e, {0: [P.Precompute().job("daily", [1, 2, 3], params(2))]})
+    assert not e.has_unfinished_requests()
