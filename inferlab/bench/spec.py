@@ -14,7 +14,9 @@ the cost of one head (residual block + lm_head) per guess, over one target forwa
 
 The second (``engine``) runs speculation (n-gram, the draft model, Medusa) as a mode of the engine's
 step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
-(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved;
+(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved
+and the formula's prediction with a, c and v measured at that batch size (c and v against one
+decode step of the whole batch);
 as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
 it, so speculation pays less (vLLM's blog reports slowdowns at high load).
 """
@@ -51,17 +53,25 @@ def held_out_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
     return prompts
 
 
-def _forward_cost(model, tokens: int, context: int, repeats: int = 20) -> float:
-    """Best time of one forward of ``tokens`` new tokens over ``context`` cached ones."""
+def _forward_cost(model, tokens: int, context: int, repeats: int = 20, batch: int = 1) -> float:
+    """Best time of one forward of ``tokens`` new tokens for each of ``batch`` sequences over
+    ``context`` cached ones (a verify step of the batch when tokens = k + 1, a decode when 1)."""
+    from inferlab.attention import AttentionMetadata
     from inferlab.cache import ContiguousKVCache
 
-    cache = ContiguousKVCache.for_model(model.config, 1, context + tokens, model.dtype, model.device)
+    cache = ContiguousKVCache.for_model(model.config, batch, context + tokens, model.dtype, model.device)
+
+    def forward(n: int, start: int):
+        ids = torch.ones(batch, n, dtype=torch.long, device=model.device)
+        pos = torch.arange(start, start + n, device=model.device)[None].expand(batch, n)
+        return model(ids, AttentionMetadata(positions=pos, kv_cache=cache, cache_start=start), last_only=True)
+
     with torch.inference_mode():
-        _forward(model, list(range(1, context + 1)), cache, 0)
+        forward(context, 0)
         best = float("inf")
         for _ in range(repeats):
             t = time.perf_counter()
-            _forward(model, list(range(1, tokens + 1)), cache, context)
+            forward(tokens, context)
             best = min(best, time.perf_counter() - t)
     return best
 
@@ -74,9 +84,9 @@ def medusa_heads(target: str, model):
         return None, str(exc)
 
 
-def _heads_cost(model, heads, k: int, repeats: int = 20) -> float:
-    """Best time of the k heads on one hidden state, per head (Medusa's c: one head per guess)."""
-    h = torch.zeros(1, model.config.hidden_size, dtype=model.dtype, device=model.device)
+def _heads_cost(model, heads, k: int, repeats: int = 20, batch: int = 1) -> float:
+    """Best time of the k heads on ``batch`` hidden states, per head (Medusa's c: one head per guess)."""
+    h = torch.zeros(batch, model.config.hidden_size, dtype=model.dtype, device=model.device)
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
@@ -170,6 +180,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0])}}
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = held_out_prompts(tok, max(batch_sizes), prompt_tokens)
+    dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods else None
+    heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
     rows = []
     for b in batch_sizes:
         prompts = every[:b]
@@ -183,15 +195,25 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                 dt, outs, c = _engine_run(model, tok, prompts, params, configs[method](k))
                 if dt < best.get((method, k), (float("inf"),))[0]:
                     best[(method, k)] = (dt, outs, c)
+        # Leviathan's terms at this batch: c and v against one decode step of the b sequences
+        one = _forward_cost(model, 1, prompt_tokens, batch=len(prompts))
+        draft_c = _forward_cost(dmodel, 1, prompt_tokens, batch=len(prompts)) / one if dmodel is not None else 0.0
         for method, k in runs:
             dt, outs, c = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
                                           c["spec_decode_num_accepted_tokens"])
+            length = 1 + accepted / max(drafts, 1)
+            alpha = alpha_from_tokens_per_step(length, k)
+            cost = {"ngram": 0.0, "draft": draft_c}.get(method)
+            if cost is None:  # medusa
+                cost = _heads_cost(model, heads, k, batch=len(prompts)) / one
+            v = _forward_cost(model, k + 1, prompt_tokens, batch=len(prompts)) / one
             rows.append({"batch_size": len(prompts), "method": method, "num_speculative_tokens": k,
                          "baseline_tokens_per_s": len(prompts) * new_tokens / plain_s,
                          "tokens_per_s": len(prompts) * new_tokens / dt, "speedup": plain_s / dt,
-                         "acceptance_rate": accepted / max(proposed, 1),
-                         "mean_acceptance_length": 1 + accepted / max(drafts, 1),
+                         "acceptance_rate": accepted / max(proposed, 1), "alpha": alpha,
+                         "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
+                         "predicted_speedup": predicted_speedup(alpha, k, cost, v),
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
                          "outputs_identical": outs == plain_out})
     return rows
@@ -231,10 +253,11 @@ def main(argv: list[str]) -> int:
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
     if res.get("engine"):
         print("\nthe engine, speculation against the engine without it (greedy, all prompts at once)")
-        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'a':>5} {'len':>5} "
-              f"{'steps':>11} same")
+        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'predicted':>9} "
+              f"{'a':>5} {'len':>5} {'c':>5} {'v':>5} {'steps':>11} same")
         for r in res["engine"]:
             print(f"{r['batch_size']:>5} {r['method']:8} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
-                  f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['acceptance_rate']:5.2f} "
-                  f"{r['mean_acceptance_length']:5.2f} {r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
+                  f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} "
+                  f"{r['mean_acceptance_length']:5.2f} {r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} "
+                  f"{r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
     return 0
