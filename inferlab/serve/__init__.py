@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
                    help="speculative decoding, vLLM's dict as JSON, e.g. '{\"method\": \"medusa\", "
                         "\"num_speculative_tokens\": 3}' or '{\"model\": \"draft\", \"num_speculative_tokens\": 4}' "
                         "(default: none)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="the waiting queue's order: arrival, or each request's `priority` field (lower first; "
+                        "the lowest is preempted first)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="split the model over this many processes (gloo on CPU, NCCL on CUDA; default: 1)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -123,6 +126,6 @@ def main(argv: list[str]) -> int:
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
-                   tensor_parallel_size=args.tensor_parallel_size)
+                   scheduling_policy=args.scheduling_policy, tensor_parallel_size=args.tensor_parallel_size)
     serve(app, args.host, args.port, args.log_level)
     return 0

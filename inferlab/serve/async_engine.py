@@ -66,12 +66,14 @@ class AsyncLLMEngine:
         return await asyncio.wrap_future(self.call(fn))
 
     async def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]], stream: bool = True,
-                           arrival_time: float | None = None, max_waiting: int | None = None) -> list[RequestStream]:
+                           arrival_time: float | None = None, max_waiting: int | None = None,
+                           priority: int = 0) -> list[RequestStream]:
         """Queue ``requests`` ((id, prompt ids, params) each) all together or none; iterate each
         returned stream for its outputs. ``stream=False`` adds them final-only: the engine reports
         each once, finished, so no per-step output crosses the threads. ``max_waiting``: refuse with
         ``QueueFullError`` if the requests waiting to run would then number more. ``ValueError``
-        from ``LLMEngine.add_request`` (a prompt too long for the pool...) is raised here."""
+        from ``LLMEngine.add_request`` (a prompt too long for the pool, a priority the engine's
+        scheduling policy does not take...) is raised here."""
         loop = asyncio.get_running_loop()
         streams = [RequestStream(self, rid, loop) for rid, _, _ in requests]
         arrival = time.monotonic() if arrival_time is None else arrival_time
@@ -85,7 +87,7 @@ class AsyncLLMEngine:
             added = []
             try:
                 for (rid, ids, params), s in zip(requests, streams):
-                    engine.add_request(rid, ids, params, arrival_time=arrival, stream=stream)
+                    engine.add_request(rid, ids, params, arrival_time=arrival, stream=stream, priority=priority)
                     added.append(rid)
                     self._streams[rid] = s
             except BaseException:

@@ -42,6 +42,7 @@ class SamplingFields(OpenAIModel):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
+    priority: int = 0  # vLLM's extra field: lower is served first under --scheduling-policy priority
 
     def unsupported(self) -> str | None:
         """The first field set to something the engine cannot do, as a one-line message."""

@@ -142,7 +142,7 @@ class OpenAIServing:
             batch.append((f"{request_id}-{i}", ids, params))
         try:
             return await self.engine.add_requests(batch, stream=req.stream, arrival_time=arrival,
-                                                  max_waiting=self.limits.max_waiting_requests)
+                                                  max_waiting=self.limits.max_waiting_requests, priority=req.priority)
         except ValueError as exc:
             raise ApiError(str(exc)) from None
 
