@@ -84,11 +84,15 @@ def tp_calculator(model: str = "Llama-2-70B", precision: str = "fp16 / bf16", gp
                             f"{si(mem, 'B')}: more GPUs (pipeline parallelism across nodes) or fewer bytes per weight")
         else:
             r = rows[DEGREES.index(need)]
+            comm = (f"{r['all_reduces']} all-reduces of {si(r['bytes_per_all_reduce'], 'B')}: "
+                    f"<b>{percent(r['all_reduce_share'])}</b> of the step" if r["all_reduces"] else "one GPU: no all-reduce")
+            best = min(rows[DEGREES.index(need):], key=lambda x: x["step_s"])
+            fastest = DEGREES[rows.index(best)]
             header.value = (f"{si(r['weight_bytes'], 'B')} of weights on GPUs of {si(mem, 'B')}: <b>TP = {need}</b> "
                             f"at least ({si(r['per_gpu_bytes'], 'B')} of weights per GPU, under {percent(MEMORY_FRACTION)} "
-                            f"of its memory). Decode step at TP = {need}: <b>{1e3 * r['step_s']:.3g} ms</b> "
-                            f"({r['all_reduces']} all-reduces of {si(r['bytes_per_all_reduce'], 'B')}: "
-                            f"<b>{percent(r['all_reduce_share'])}</b> of the step)")
+                            f"of its memory). Decode step at TP = {need}: <b>{1e3 * r['step_s']:.3g} ms</b> ({comm}). "
+                            f"Fastest: TP = {fastest}, {1e3 * best['step_s']:.3g} ms, all-reduces "
+                            f"{percent(best['all_reduce_share'])} of it.")
         title = f"{m_box.value}, {p_box.value}, batch {b_box.value}: one decode step at each TP degree"
         traces = {0: {"x": labels, "y": ms[0]}, 1: {"x": labels, "y": ms[1]},
                   2: {"x": [x for x, _ in no_fit], "y": [y for _, y in no_fit]}}
