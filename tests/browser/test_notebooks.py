@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1500)]
 # Notebook 00 and 02 have their own tests (test_jupyterlab.py, test_jupyterlab_02.py); 02 is also
 # checked here, by the same rules as the rest.
 NOTEBOOKS = ["01_quantization", "02_kv_cache", "03_attention_kernels", "04_speculative_decoding",
-             "05_continuous_batching", "06_mixture_of_experts", "07_serving_strategies", "08_capstone"]
+             "05_continuous_batching", "06_mixture_of_experts", "07_serving_strategies", "08_capstone",
+             "09_scaling_out"]
 
 # What plotly drew, figure by figure: per trace, the problems a reader would see. Both coordinates
 # are given (one for a box or a histogram; a series of two or more y may leave x to its index), as
