@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=None, help="stop string, repeatable (default: none)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="split the model over this many processes (gloo on CPU, NCCL on CUDA; default: 1)")
+                   help="split the model over this many processes, gloo on CPU and NCCL on CUDA (default: 1)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, vLLM\'s dict, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
                    "(default: off)")

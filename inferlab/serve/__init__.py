@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the waiting queue's order: arrival, or each request's `priority` field (lower first; "
                         "the lowest is preempted first)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="split the model over this many processes (gloo on CPU, NCCL on CUDA; default: 1)")
+                   help="split the model over this many processes, gloo on CPU and NCCL on CUDA (default: 1)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
     d = ServerLimits()
