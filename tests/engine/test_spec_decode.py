@@ -32,6 +32,18 @@ def run(pair, prompts, params, **knobs):
 DRAFT = {"model": "draft", "num_speculative_tokens": 3}
 
 
+def assert_within_target_top_k(target, prompts, outs, k: int) -> None:
+    """Every emitted token is one of the target's ``k`` best at its position, given the tokens
+    before it (a kept guess the target would never sample falls outside)."""
+    model, tok = target
+    for prompt, out in zip(prompts, outs):
+        ids = tok.encode(prompt)
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids + out.token_ids]))[0, len(ids) - 1:-1]
+        top = logits.topk(k, -1).indices
+        assert all(t in row for t, row in zip(out.token_ids, top.tolist()))
+
+
 @pytest.mark.parametrize("spec_config", [NGRAM, DRAFT], ids=["ngram", "draft"])
 def test_greedy_equals_plain_under_every_knob(target, spec_config):
     """Mixed prompt lengths, chunked prefill (a 24-token budget splits the long prompts), prefix
@@ -139,17 +151,11 @@ def test_seeded_sampling_is_reproducible(target):
 def test_sampled_tokens_stay_inside_the_requests_distribution(target):
     """Top-k 3 at temperature 1: whatever the guesses were, every emitted token is one of the
     target's 3 best at its position (a kept rejected guess would fall outside)."""
-    model, tok = target
     params = SamplingParams(temperature=1.0, top_k=3, max_tokens=40, seed=0, ignore_eos=True)
     outs, engine = run(target, PROMPTS[:3], params, speculative_config={"method": "ngram", "num_speculative_tokens": 5})
     c = engine.counters
     assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
-    for prompt, out in zip(PROMPTS, outs):
-        ids = tok.encode(prompt)
-        with torch.inference_mode():
-            logits = model(torch.tensor([ids + out.token_ids]))[0, len(ids) - 1:-1]
-        top = logits.topk(3, -1).indices
-        assert all(t in row for t, row in zip(out.token_ids, top.tolist()))
+    assert_within_target_top_k(target, PROMPTS, outs, 3)
 
 
 def test_guesses_never_starve_a_running_sequence(target):

@@ -23,6 +23,18 @@ def chi2_quantile(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def assert_chi_square(counts, exp: dict, n: int) -> None:
+    """``n`` samples' ``counts`` against the exact joint ``exp``: Pearson's chi-square, cells
+    expected under 5 times pooled into one."""
+    big = [k for k, v in exp.items() if n * v >= 5]
+    small = [k for k in exp if k not in big]
+    cells = [(counts.get(k, 0), n * exp[k]) for k in big]
+    if small:
+        cells.append((sum(counts.get(k, 0) for k in small), n * sum(exp[k] for k in small)))
+    chi = sum((o - e) ** 2 / e for o, e in cells)
+    assert chi < chi2_quantile(len(cells) - 1), (chi, len(cells) - 1)
+
+
 def exact_joint(model, prompt, params, depth=3, prefix=(), mass=1.0, out=None, cut=1e-7):
     out = {} if out is None else out
     with torch.inference_mode():
@@ -53,10 +65,4 @@ def test_sampled_outputs_follow_the_target(target, params, spec_config):
     assert c["spec_decode_num_drafts"] > n and 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
     exp = exact_joint(model, prompt, params)
     assert set(counts) <= set(exp) and abs(sum(exp.values()) - 1) < 1e-4
-    big = [k for k, v in exp.items() if n * v >= 5]
-    small = [k for k in exp if k not in big]
-    cells = [(counts.get(k, 0), n * exp[k]) for k in big]
-    if small:
-        cells.append((sum(counts.get(k, 0) for k in small), n * sum(exp[k] for k in small)))
-    chi = sum((o - e) ** 2 / e for o, e in cells)
-    assert chi < chi2_quantile(len(cells) - 1), (chi, len(cells) - 1)
+    assert_chi_square(counts, exp, n)

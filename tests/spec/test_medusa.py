@@ -16,6 +16,7 @@ from inferlab.spec.medusa import MedusaHeads, capture_hidden, heads_folder_for, 
 from inferlab.spec.medusa_train import head_losses
 
 from engine.conftest import same_greedy
+from engine.test_spec_decode import assert_within_target_top_k
 
 HEADS = ASSETS / "target_medusa"
 MEDUSA = {"method": "medusa", "num_speculative_tokens": 3, "model": str(HEADS)}
@@ -153,19 +154,13 @@ def test_acceptance_on_held_out_code(target):
 def test_sampled_tokens_stay_inside_the_requests_distribution(target):
     """Top-k 3 at temperature 1 with the deterministic-draft rule: every emitted token is one of
     the target's 3 best at its position; a seed reproduces the run."""
-    model, tok = target
     params = SamplingParams(temperature=1.0, top_k=3, max_tokens=30, seed=0, ignore_eos=True)
     outs, engine = run(target, PROMPTS[:3], params, speculative_config=MEDUSA)
     again, _ = run(target, PROMPTS[:3], params, speculative_config=MEDUSA)
     assert [o.token_ids for o in outs] == [o.token_ids for o in again]
     c = engine.counters
     assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
-    for prompt, out in zip(PROMPTS, outs):
-        ids = tok.encode(prompt)
-        with torch.inference_mode():
-            logits = model(torch.tensor([ids + out.token_ids]))[0, len(ids) - 1:-1]
-        top = logits.topk(3, -1).indices
-        assert all(t in row for t, row in zip(out.token_ids, top.tolist()))
+    assert_within_target_top_k(target, PROMPTS, outs, 3)
 
 
 def test_parallel_samples_with_medusa(target):
@@ -255,7 +250,7 @@ def test_sampled_outputs_follow_the_target(target):
     them through the verifier's deterministic-draft rule) follows the target's exact joint."""
     import collections
 
-    from engine.test_spec_distribution import PROMPT, chi2_quantile, exact_joint
+    from engine.test_spec_distribution import PROMPT, assert_chi_square, exact_joint
 
     model, tok = target
     params = SamplingParams(temperature=1.0, top_k=3, max_tokens=4, ignore_eos=True)
@@ -273,10 +268,4 @@ def test_sampled_outputs_follow_the_target(target):
     assert c["spec_decode_num_drafts"] > n and 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
     exp = exact_joint(model, prompt, params)
     assert set(counts) <= set(exp)
-    big = [k for k, v in exp.items() if n * v >= 5]
-    small = [k for k in exp if k not in big]
-    cells = [(counts.get(k, 0), n * exp[k]) for k in big]
-    if small:
-        cells.append((sum(counts.get(k, 0) for k in small), n * sum(exp[k] for k in small)))
-    chi = sum((o - e) ** 2 / e for o, e in cells)
-    assert chi < chi2_quantile(len(cells) - 1), (chi, len(cells) - 1)
+    assert_chi_square(counts, exp, n)
