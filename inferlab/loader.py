@@ -155,13 +155,21 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
         tensors = convert_checkpoint(qcfg, tensors)
         unexpected = [k for k in tensors if k not in shapes]
         tensors = {k: convert(k, t) for k, t in tensors.items() if k in shapes}
-    missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(unexpected)
+    return assemble(model, tensors, shapes.keys(), unexpected, folder, device)
+
+
+def assemble(model: CausalLM, tensors: dict, expected, unexpected: list[str], folder: Path, device):
+    """The last step of every load: check the tensors read against the ``expected`` names, put them
+    in the meta-built ``model``, rebuild what checkpoints do not store, move it to ``device``.
+    Returns (model, the folder's tokenizer or None). ``tensors`` is emptied (the model owns them)."""
+    config = model.config
+    missing, unexpected = sorted(set(expected) - tensors.keys()), sorted(unexpected)
     if missing or unexpected:
         raise CheckpointError(f"{folder}: weights do not match the config: " + "; ".join(
             f"{label} {len(names)} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
             for label, names in (("missing", missing), ("unexpected", unexpected)) if names))
     model.load_state_dict(tensors, strict=False, assign=True)
-    del tensors
+    tensors.clear()  # no second reference while the model moves to its device
     model.tie_weights()
     # buffers built on the meta device are recomputed from the config
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)

@@ -15,14 +15,12 @@ from safetensors import safe_open
 from inferlab import moe
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
-from inferlab.loader import _quantization_config, _weight_files, load_config, resolve_model_path
+from inferlab.loader import _quantization_config, _weight_files, assemble, load_config, resolve_model_path
 from inferlab.model import CausalLM
 from inferlab.parallel import comm
 from inferlab.parallel.comm import TensorParallelError
 from inferlab.parallel.factory import TensorParallelFactory
 from inferlab.parallel.layers import quantized_full_shape, shard_quantized
-from inferlab.rope import rope_inv_freq
-from inferlab.tokenizer import Tokenizer
 
 
 def build_shard(config, rank: int, world: int, quantized=None) -> CausalLM:
@@ -91,16 +89,4 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
                     unexpected.append(key)
                     continue
                 tensors[name] = cut(name, f.get_slice(key))
-    missing = sorted(state.keys() - tensors.keys())
-    if missing or unexpected:
-        raise CheckpointError(f"{folder}: weights do not match the config: missing {missing[:4]}, "
-                              f"unexpected {sorted(unexpected)[:4]}")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    del tensors
-    model.tie_weights()
-    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-    model = model.to(device).eval()
-    tokenizer = None
-    if (folder / "tokenizer.json").exists():
-        tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
-    return model, tokenizer
+    return assemble(model, tensors, state.keys(), unexpected, folder, device)
