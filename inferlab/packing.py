@@ -22,6 +22,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 
 
 def _tensors(m: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
@@ -47,16 +48,15 @@ def _packable(parts: list[nn.Module]) -> bool:
         return False
     if type(first).__name__ == "NF4Linear":
         return False  # blocks run over the flattened weight, not by row
-    names = _tensors(first).keys()
+    ref = {n: t for n, (_, t) in _tensors(first).items()}
     settings = _settings(first)
     for p in parts:
         ts = _tensors(p)
-        if ts.keys() != names or _settings(p) != settings or p.in_features != first.in_features:
+        if ts.keys() != ref.keys() or _settings(p) != settings or p.in_features != first.in_features:
             return False
         for n, (_, t) in ts.items():
-            ref = _tensors(first)[n][1]
-            if t.dim() == 0 or t.shape[0] != p.out_features or t.shape[1:] != ref.shape[1:] \
-                    or t.dtype != ref.dtype or t.device != ref.device:
+            if t.dim() == 0 or t.shape[0] != p.out_features or t.shape[1:] != ref[n].shape[1:] \
+                    or t.dtype != ref[n].dtype or t.device != ref[n].device:
                 return False
     return True
 
@@ -123,8 +123,7 @@ def pack_projections(model: nn.Module) -> int:
 
 
 def _global_hooks() -> bool:
-    from torch.nn.modules import module
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
 
 
 def use_packed(owner: nn.Module, attr: str, *parts: nn.Module) -> PackedLinear | None:
