@@ -53,10 +53,10 @@ class LLM:
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
                  speculative_config: dict | None = None, scheduling_policy: str = "fcfs",
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, enforce_eager: bool = True):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
-                              gpu_memory_utilization, speculative_config, scheduling_policy)
+                              gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager)
         spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
         if spec is not None and spec.method == "medusa" and spec.model is None:  # the heads beside the model
             from inferlab.spec.medusa import heads_folder_for

@@ -126,11 +126,28 @@ def _global_hooks() -> bool:
     return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks)
 
 
+def ready_to_compile(model: nn.Module) -> bool:
+    """Check every packed group now, eagerly (a stale one is dropped), so that a compiled forward
+    can skip the checks (a graph cannot compare data pointers). False where a hook watches a
+    projection: a compiled forward must not run then (the caller runs the eager one)."""
+    if _global_hooks():
+        return False
+    for layer in model.model.layers:
+        for owner, attr, names in ((layer.self_attn, "packed_qkv", ("q_proj", "k_proj", "v_proj")),
+                                   (layer.mlp, "packed_gate_up", ("gate_proj", "up_proj"))):
+            if owner.__dict__.get(attr) is not None:
+                parts = [getattr(owner, n) for n in names]
+                if any(p._forward_hooks or p._forward_pre_hooks for p in parts):
+                    return False
+                use_packed(owner, attr, *parts)
+    return True
+
+
 def use_packed(owner: nn.Module, attr: str, *parts: nn.Module) -> PackedLinear | None:
     """The packed module of ``owner`` if it still matches ``parts``; a stale one is dropped (freed)."""
     packed = owner.__dict__.get(attr)
-    if packed is None:
-        return None
+    if packed is None or torch.compiler.is_compiling():
+        return packed  # a compiled step: the runner checked every group before calling it
     if any(p._forward_hooks or p._forward_pre_hooks for p in parts) or _global_hooks():
         return None  # someone watches a projection (calibration, a probe): call each one, as unpacked
     if packed.intact(*parts):

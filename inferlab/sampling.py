@@ -89,14 +89,12 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row of ``logits`` [B, V], each row with its own params and generator.
 
-    One pass for the whole batch (vLLM's and gpt-fast's sampler): per-row temperature, top-k and
-    top-p are tensors, and the draw is the exponential race: with E_i ~ Exp(1) independent,
-    ``argmax_i p_i / E_i`` is distributed as p, so one argmax replaces a multinomial per row.
-    Nothing sorts the vocabulary: rows with a top-k work on their k best tokens from one ``topk``;
-    rows with only a top-p find the nucleus by bisecting a probability threshold. The noise comes
-    from the default generator in one call, except for seeded rows, which draw theirs (over the
-    whole vocabulary, in token order) from their own generator: a seeded request gives the same
-    tokens whatever else shares its batch.
+    One pass for the whole batch (as vLLM's and gpt-fast's samplers do): per-row temperature,
+    top-k and top-p are tensors, and nothing sorts the vocabulary. Rows with a top-k work on their
+    k best tokens from one ``topk``; rows with only a top-p draw from the whole distribution and
+    reject draws outside the nucleus (:func:`draw_top_p`). Every draw is inverse-transform
+    sampling (:func:`draw`): one uniform number per row, so a seeded row draws from its own
+    generator and gives the same tokens whatever else shares its batch.
     """
     B, V = logits.shape
     rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -115,10 +113,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         gens = [generators[i] for i in group]
         if kind == "top_k":
             probs, idx = top_k_probs(sub, [params[i] for i in group])
-            tokens = idx.gather(1, _argmax(probs / exponential_noise(probs.shape, sub, gens, idx))[:, None])[:, 0]
+            tokens = idx.gather(1, draw(probs, gens)[:, None])[:, 0]
+        elif kind == "top_p":
+            tokens = draw_top_p(sub.softmax(-1), _col([params[i].top_p for i in group], logits), gens)
         else:
-            probs = sub.softmax(-1) if kind == "plain" else top_p_probs(sub, [params[i].top_p for i in group])
-            tokens = draw(probs, gens)
+            tokens = draw(sub.softmax(-1), gens)
         if len(group) == B:
             return tokens
         out[group] = tokens
@@ -133,44 +132,57 @@ def _col(values, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(values, device=like.device)[:, None]
 
 
-def draw(probs: torch.Tensor, generators) -> torch.Tensor:
-    """One token per row of ``probs`` [B, V] by the exponential race: argmax(p / E), E ~ Exp(1)."""
-    return _argmax(probs / exponential_noise(probs.shape, probs, generators))
-
-
-def exponential_noise(shape, like: torch.Tensor, generators, index: torch.Tensor | None = None) -> torch.Tensor:
-    """Exp(1) noise [B, n] as -log(U) (several times faster than ``exponential_`` on a CPU); seeded rows
-    draw a vocabulary-wide row from their own generator, gathered by ``index``."""
-    noise = torch.rand(shape, device=like.device).log_().neg_()
-    for j, g in enumerate(generators):
+def uniforms(rows: int, width: int, generators, device) -> torch.Tensor:
+    """U(0, 1) numbers [rows, width] from the default generator in one call; a row whose generator
+    is set (a seeded request) draws its own from that generator instead."""
+    u = torch.rand(rows, width, device=device)
+    for i, g in enumerate(generators):
         if g is not None:
-            row = torch.rand(like.shape[-1], device=like.device, generator=g).log_().neg_()
-            noise[j] = row if index is None else row[index[j]]
-    return noise.clamp_(min=1e-20)
+            u[i] = torch.rand(width, generator=g, device=device)
+    return u
 
 
-def top_p_probs(logits: torch.Tensor, top_p: list[float], steps: int = 24) -> torch.Tensor:
-    """Softmax of temperature-scaled ``logits`` [B, V], zero outside each row's nucleus (top-p < 1).
+def draw(probs: torch.Tensor, generators) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V] (non-negative, not necessarily normalised) by inverse
+    transform sampling: the first token whose cumulative mass exceeds u * total, u ~ U(0, 1).
 
-    The nucleus is every token at least as likely as the token that crosses p in sorted order.
-    Instead of sorting, bisect the threshold t: the mass of {probs >= t} falls as t rises, and the
-    nucleus threshold is the largest t whose mass still reaches p. ``steps`` halvings bring t within
-    pmax / 2^steps of it; the smallest probability above the final bound is then the threshold itself.
-    Tokens tied with the crossing token all stay (a sort would keep an arbitrary part of the tie)."""
-    probs = logits.softmax(-1)
-    p = _col(top_p, logits)
-    pmax = probs.amax(-1, keepdim=True)
-    zero = torch.zeros((), device=probs.device)
+    One cumulative sum and one binary search per row, and one random number: cheaper on a CPU
+    than a race of V exponential draws (which a GPU sampler prefers only to avoid
+    ``torch.multinomial``'s host sync; a search has none either). Tokens of probability zero are
+    never drawn, because the cumulative sum does not rise at them."""
+    cdf = probs.float().cumsum(-1)
+    total = cdf[:, -1:]
+    u = uniforms(probs.shape[0], 1, generators, probs.device) * total
+    u = torch.minimum(u, total.nextafter(torch.zeros_like(total)))  # u < total: never past the end
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
-    def mass(t):
-        return torch.where(probs >= t, probs, zero).sum(-1, keepdim=True)
-    lo, hi = torch.zeros_like(pmax), pmax
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        ok = mass(mid) >= p
-        lo, hi = torch.where(ok, mid, lo), torch.where(ok, hi, mid)
-    t = torch.where(probs >= lo, probs, torch.full((), float("inf"), device=probs.device)).amin(-1, keepdim=True)
-    return probs.masked_fill(probs < t, 0)
+
+def draw_top_p(probs: torch.Tensor, top_p: torch.Tensor, generators) -> torch.Tensor:
+    """One token per row from ``probs`` [B, V] (normalised) restricted to each row's nucleus
+    (top-p, Holtzman et al. 2019), without sorting the vocabulary.
+
+    The nucleus is every token at least as likely as the one that crosses p in sorted order,
+    which is the same as: the tokens whose strictly more likely tokens weigh less than p. So
+    draw from the whole row, and accept the token when the mass above it is under p. Otherwise
+    every token outside the nucleus is at most as likely as the one drawn: draw again from the
+    tokens strictly more likely (the rejection-sampling top-p of FlashInfer's sampling kernels).
+    Each retry draws from a set that still holds the whole nucleus, so an accepted token is
+    distributed as the renormalised nucleus. The first draw lands in the nucleus with probability
+    at least p, and each retry shrinks the set, so few rounds are needed, for a few rows.
+    Tokens tied with the crossing one all stay (a sort would keep an arbitrary part of the tie)."""
+    tokens = draw(probs, generators)
+    todo = torch.arange(probs.shape[0], device=probs.device)
+    rows, p = probs, top_p
+    while True:
+        picked = rows.gather(1, tokens[todo][:, None])
+        above = torch.where(rows > picked, rows, torch.zeros((), device=rows.device)).sum(-1, keepdim=True)
+        retry = (above >= p)[:, 0]
+        if not bool(retry.any()):
+            return tokens
+        todo, picked, p = todo[retry], picked[retry], p[retry]
+        rows = probs[todo]
+        tokens[todo] = draw(torch.where(rows > picked, rows, torch.zeros((), device=rows.device)),
+                            [generators[i] for i in todo.tolist()])
 
 
 def top_k_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:

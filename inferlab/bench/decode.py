@@ -2,7 +2,8 @@
 
 For each model (``target``, and ``random-80m``: random weights of realistic shape, timed only)
 and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: inferlab's engine
-(``LLM.generate``: scheduler, paged KV cache), its contiguous-cache reference path
+(``LLM.generate``: scheduler, paged KV cache), the same engine with its decode step compiled
+(``enforce_eager=False``, fp32 rows: one graph per batch size), its contiguous-cache reference path
 (``inferlab.generate``), transformers ``generate`` (fp32/fp16), and llama.cpp on a GGUF of the
 same weights when ``llama-cpp-python`` is installed (one thread, as this process by default).
 Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
@@ -30,14 +31,18 @@ from inferlab.quant.base import QuantizationError
 PROMPT = "def fibonacci(n):\n    "
 MODELS = ("target", "random-80m")
 PRECISIONS = ("fp32", "fp16", "int8", "int4", "q8_0", "q4_k")
+COMPILED = ("fp32",)  # the precisions also timed with a compiled decode step (each compiles for a minute)
 GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
     ("random-80m", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
     ("random-80m", "int8 >= 0.8x llama.cpp Q8_0", ("int8", "engine", "q8_0", "llama.cpp"), 0.8),
     ("random-80m", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
     ("target", "fp32 >= 0.5x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.5),
+    ("target", "fp32, compiled step >= 0.5x llama.cpp F32", ("fp32", "compiled", "fp32", "llama.cpp"), 0.5),
     ("target", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),
+    ("target", "engine, compiled step >= 1.0x contiguous", ("fp32", "compiled", "fp32", "contiguous"), 1.0),
     ("random-80m", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),
+    ("random-80m", "engine, compiled step >= 1.0x contiguous", ("fp32", "compiled", "fp32", "contiguous"), 1.0),
 ]
 
 
@@ -78,17 +83,21 @@ def decode_tokens_per_s(llm, ids: list[int], new_tokens: int, repeats: int) -> f
     return best_rates({"engine": engine_run(llm, ids)}, new_tokens, repeats)["engine"]
 
 
-def _variant(model: str, precision: str):
+def _variant(model: str, precision: str, enforce_eager: bool = True):
     from inferlab.llm import LLM
     if precision in ("fp32", "fp16"):
-        return LLM(model=model, device="cpu", dtype={"fp32": "float32", "fp16": "float16"}[precision], max_num_seqs=1)
-    return LLM(model=model, device="cpu", dtype="float32", quantization=precision, max_num_seqs=1)
+        return LLM(model=model, device="cpu", dtype={"fp32": "float32", "fp16": "float16"}[precision], max_num_seqs=1,
+                   enforce_eager=enforce_eager)
+    return LLM(model=model, device="cpu", dtype="float32", quantization=precision, max_num_seqs=1,
+               enforce_eager=enforce_eager)
 
 
-def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp: str) -> dict:
+def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp: str, compiled: bool = True) -> dict:
     from inferlab.generate import generate
     from inferlab.sampling import SamplingParams
     runs = {"engine": engine_run(llm, ids)}
+    if compiled and precision in COMPILED:
+        runs["compiled"] = engine_run(_variant(model, precision, enforce_eager=False), ids)
 
     def contiguous(n: int):
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -137,7 +146,7 @@ def weight_bytes_per_token(model) -> int:
 
 
 def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int = 3, threads: int | None = None,
-        bandwidth: float | None = None) -> dict:
+        bandwidth: float | None = None, compiled: bool = True) -> dict:
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -159,7 +168,7 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
                     rows.append({"model": model, "precision": p, "skipped": str(exc)})
                     continue
                 ids = llms[p].encode(PROMPT)
-                for col, fn in _runs(model, p, llms[p], ids, new_tokens, tmp).items():
+                for col, fn in _runs(model, p, llms[p], ids, new_tokens, tmp, compiled).items():
                     runs[(p, col)] = fn
             llama = {k: runs.pop(k) for k in [k for k in runs if k[1] == "llama.cpp"]}
             rates = best_rates(runs, new_tokens, repeats)
@@ -229,6 +238,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--new-tokens", type=int, default=None, help="default 64 (16 with --sampler)")
     p.add_argument("--repeats", type=int, default=None, help="default 3 (7 with --sampler)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--eager-only", action="store_true", help="skip the compiled-decode column (saves its compile)")
     p.add_argument("--sampler", action="store_true", help="sampled vs greedy decode at batch 32 instead")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     args = p.parse_args(argv)
@@ -251,13 +261,14 @@ def main(argv: list[str]) -> int:
     bad = [q for q in args.precisions.split(",") if q not in PRECISIONS]
     if bad:
         p.error(f"unknown precision {bad[0]!r}: choose from {', '.join(PRECISIONS)}")
-    r = run(args.model.split(","), args.precisions.split(","), args.new_tokens, args.repeats, args.threads)
+    r = run(args.model.split(","), args.precisions.split(","), args.new_tokens, args.repeats, args.threads,
+            compiled=not args.eager_only)
     if args.json:
         print(json.dumps(r))
         return 0
     print(f"batch-1 greedy decode, {r['new_tokens']} new tokens, {r['threads']} thread(s), best of {r['repeats']}, "
           f"copy bandwidth {r['memory_bandwidth_gb_s']} GB/s (shared machine: compare ratios)")
-    cols = ["engine", "contiguous", "transformers", "llama.cpp"]
+    cols = ["engine", "compiled", "contiguous", "transformers", "llama.cpp"]
     print(f"{'model':<20}{'prec':<6}{'MB':>7}" + "".join(f"{c:>14}" for c in cols) + f"{'of BW':>8}")
     for row in r["rows"]:
         if "skipped" in row:

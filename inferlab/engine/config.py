@@ -16,6 +16,10 @@
                             ``priority``, lower first, ties by arrival; lowest preempted first)
     speculative_config      None, or vLLM's dict: {"method": "ngram", "num_speculative_tokens": 3,
                             "prompt_lookup_max": 4} (``inferlab.spec.config``)
+    enforce_eager           True (the default here): every step runs op by op. False: steps that
+                            only decode run a ``torch.compile``d forward, one graph per batch size
+                            (the CPU counterpart of vLLM's CUDA graphs, which vLLM captures unless
+                            enforce_eager); the first step of each size pays the compile
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     speculative_config: dict | SpeculativeConfig | None = None
     scheduling_policy: str = "fcfs"
+    enforce_eager: bool = True
 
     def resolve(self, model_config, dtype, device) -> "EngineConfig":
         """Check every knob and fill in the defaults for this model; returns a new config."""

@@ -42,11 +42,12 @@ class LLMEngine:
         self.block_manager = BlockManager(c.num_kv_blocks, c.block_size, c.enable_prefix_caching)
         self.kv_cache = PagedKVCache.for_model(model.config, c.num_kv_blocks, c.block_size, model.dtype, model.device,
                                                num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
-        self.runner = ModelRunner(model, self.kv_cache)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.scheduler_policy, c.scheduling_policy)
         # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
         self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
+        # Medusa reads hidden states through a hook, which a compiled forward would not run
+        self.runner = ModelRunner(model, self.kv_cache, compile_decode=not c.enforce_eager and self.medusa is None)
         self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.requests: dict[str, Request] = {}

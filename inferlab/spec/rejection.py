@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.sampling import draw
+from inferlab.sampling import draw, uniforms as draw_uniforms
 
 
 def recovered_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -31,14 +31,6 @@ def recovered_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     residual = (p - q).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total.clamp_min(1e-30), p)
-
-
-def _uniforms(rows: int, width: int, generators, device) -> torch.Tensor:
-    u = torch.rand(rows, width, device=device)
-    for i, g in enumerate(generators):
-        if g is not None:
-            u[i] = torch.rand(width, generator=g, device=device)
-    return u
 
 
 def rejection_sample(draft_token_ids: list[list[int]], target_probs: torch.Tensor,
@@ -80,7 +72,7 @@ def rejection_sample(draft_token_ids: list[list[int]], target_probs: torch.Tenso
     else:
         q_rows = (q_start[:, None] + pos[None, :]).clamp(0, max(draft_probs.shape[0] - 1, 0))
         q_guess = draft_probs[q_rows, ids] if draft_probs.shape[0] else torch.ones_like(p_guess)
-    u = uniforms if uniforms is not None else _uniforms(b, width, gens, device)
+    u = uniforms if uniforms is not None else draw_uniforms(b, width, gens, device)
     accepted = (u[:, :width] * q_guess < p_guess) & valid  # u < p/q, without dividing by q
     n_acc = accepted.long().cumprod(1).sum(1)  # guesses accepted before the first rejection
     # The last token: from the residual at the first rejection, or the bonus row when all passed.

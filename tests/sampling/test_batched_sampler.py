@@ -1,12 +1,13 @@
 """The batched sampler against the one-row reference ``probs_from_logits``.
 
-``sample`` draws for a whole batch in one pass (per-row tensors, candidates from one topk, the
-exponential race, a bisected top-p threshold); each row must still follow its own request's distribution, and a seeded row
-must not depend on what else shares its batch."""
+``sample`` draws for a whole batch in one pass (per-row tensors, candidates from one topk,
+inverse-transform draws, top-p by rejection); each row must still follow its own request's
+distribution, and a seeded row must not depend on what else shares its batch."""
 import pytest
 import torch
 
-from inferlab.sampling import SamplingParams, make_generator, probs_from_logits, sample, top_k_probs, top_p_probs
+from inferlab.sampling import SamplingParams, draw, draw_top_p, make_generator, probs_from_logits, sample, top_k_probs
+from tests.engine.test_spec_distribution import assert_chi_square
 
 MIX = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.8),
        SamplingParams(temperature=0.5, top_k=10, top_p=0.5), SamplingParams(temperature=1.0, top_p=0.9),
@@ -33,17 +34,39 @@ def test_top_k_rows_follow_the_reference(ties):
 
 
 @pytest.mark.parametrize("scale", [0.01, 0.3, 4.0, 30.0], ids=["near-flat", "wide", "peaked", "one-token"])
-def test_top_p_threshold_finds_the_sorted_nucleus(scale):
+def test_top_p_draws_follow_the_sorted_nucleus(scale):
+    """Rejection top-p against the sort-based reference: never a token outside the nucleus, and
+    frequencies that pass a chi-square test (accepting the first draw always fails it)."""
     torch.manual_seed(1)
-    logits = torch.randn(len(TOP_P), 1000) * scale
-    probs = top_p_probs(_scaled(logits, TOP_P), [p.top_p for p in TOP_P])
+    logits = torch.randn(len(TOP_P), 60) * scale
+    n = 6000
+    probs = _scaled(logits, TOP_P).softmax(-1)
+    tokens = draw_top_p(probs.repeat(n, 1), torch.tensor([p.top_p for p in TOP_P]).repeat(n)[:, None],
+                        [None] * (n * len(TOP_P))).view(n, len(TOP_P))
     for i, p in enumerate(TOP_P):
-        torch.testing.assert_close(probs[i] / probs[i].sum(), probs_from_logits(logits[i], p), atol=1e-6, rtol=1e-5)
+        ref = probs_from_logits(logits[i], p)
+        assert (ref[tokens[:, i]] > 0).all(), "a token outside the nucleus was drawn"
+        counts = torch.bincount(tokens[:, i], minlength=60).tolist()
+        assert_chi_square(dict(enumerate(counts)), {t: q for t, q in enumerate(ref.tolist()) if q > 0}, n)
 
 
 def test_top_p_keeps_every_token_tied_with_the_crossing_one():
-    probs = top_p_probs(torch.zeros(1, 10), [0.5])  # sorted order would cut the tie at 5, arbitrarily
-    assert (probs > 0).all()
+    probs = torch.full((2000, 10), 0.1)  # sorted order would cut the tie at 5, arbitrarily
+    tokens = draw_top_p(probs, torch.full((2000, 1), 0.5), [None] * 2000)
+    assert set(tokens.tolist()) == set(range(10))
+
+
+def test_draw_never_picks_a_zero_token_even_at_the_edges():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(4000, 1)
+    tokens = draw(probs, [None] * 4000)
+    assert set(tokens.tolist()) == {1, 3}
+
+
+def test_draw_at_the_top_of_the_unit_interval_stays_on_a_real_token(monkeypatch):
+    """u * total can round up to total; the draw must still land on the last token of mass > 0."""
+    import inferlab.sampling as sampling
+    monkeypatch.setattr(sampling, "uniforms", lambda rows, width, gens, device: torch.ones(rows, width))
+    assert draw(torch.tensor([[0.0, 0.3, 0.7, 0.0, 0.0]]), [None]).item() == 2
 
 
 def test_sampled_frequencies_follow_each_rows_distribution():
