@@ -66,9 +66,11 @@ def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft
     guesses = {j: out.scheduled[j].spec_token_ids for j in ready}
     greedy = [j for j in ready if out.scheduled[j].seq.params.greedy and not (rejection_sampler and guesses[j])]
     if greedy:
-        best = logits.argmax(-1)
+        best = logits.max(-1).indices  # argmax's first maximum, several times faster on a CPU
         rows = [r for j in greedy for r in range(starts[j], starts[j + 1])]
-        emitted.update(zip(greedy, greedy_verify([guesses[j] for j in greedy], best[rows])))
+        if len(rows) < len(best):
+            best = best[rows]
+        emitted.update(zip(greedy, greedy_verify([guesses[j] for j in greedy], best)))
     plain = [j for j in ready if j not in emitted and not guesses[j]]
     if plain:
         seqs = [out.scheduled[j].seq for j in plain]
