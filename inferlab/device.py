@@ -49,3 +49,20 @@ def parse_dtype(name: str | torch.dtype | None, device) -> torch.dtype:
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}: choose one of {', '.join(table)}")
     return table[name]
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """What torch.compile raises when compilation itself fails (no C++ compiler, an unsupported op):
+    only these fall back to eager; any other error is a real error."""
+    errors: list[type[BaseException]] = []
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+        errors.append(TorchDynamoException)
+        from torch._inductor.exc import InductorError
+        errors.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(errors) or (RuntimeError,)
+
+
+COMPILE_ERRORS = _compile_errors()

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from inferlab import arch_train, corpus
 from inferlab.config import ModelConfig
+from inferlab.device import COMPILE_ERRORS
 from inferlab.errors import InferlabError
 from inferlab.loader import ASSETS, save_checkpoint
 from inferlab.model import CausalLM
@@ -44,21 +45,7 @@ from inferlab.tokenizer import EOT, Tokenizer, train_bpe
 log = logging.getLogger("inferlab.train")
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
-    """What torch.compile raises when compilation itself fails (no C++ compiler, an unsupported op):
-    only these fall back to eager; any other error in a training step is a real error."""
-    errors: list[type[BaseException]] = []
-    try:
-        from torch._dynamo.exc import TorchDynamoException
-        errors.append(TorchDynamoException)
-        from torch._inductor.exc import InductorError
-        errors.append(InductorError)
-    except ImportError:
-        pass
-    return tuple(errors) or (RuntimeError,)
 
-
-COMPILE_ERRORS = _compile_errors()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,12 +16,16 @@ compiles once. Prefills, chunks and verifies stay eager: they are few and their 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from inferlab import packing
 from inferlab.attention.paged import MULTI_QUERY_MAX, PagedAttentionMetadata
 from inferlab.cache.paged import PagedKVCache
+from inferlab.device import COMPILE_ERRORS
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -119,8 +123,14 @@ class ModelRunner:
             last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
         if self.compiled is not None and meta.num_decodes == len(seqs) and packing.ready_to_compile(self.model):
             meta.build_masks(self.model.config.sliding_window)  # plain data for the graph's guards
-            self.compiled_batch_sizes.add(len(seqs))
-            return self.compiled(input_ids, meta, logits_indices=last)[0]
+            try:
+                logits = self.compiled(input_ids, meta, logits_indices=last)[0]
+                self.compiled_batch_sizes.add(len(seqs))
+                return logits
+            except COMPILE_ERRORS as exc:  # no C++ compiler, an unsupported op: decode eagerly from now on
+                log.warning("inferlab: the decode step runs eagerly, torch.compile failed: %s",
+                            str(exc).splitlines()[0][:200])
+                self.compiled = None
         return self.model(input_ids, meta, logits_indices=last)[0]
 
 

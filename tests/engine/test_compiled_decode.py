@@ -38,3 +38,19 @@ def test_a_hooked_projection_keeps_the_step_eager():
     finally:
         handle.remove()
     assert len(seen) == 3  # the prompt and two decode steps, all eager
+
+
+def test_a_failed_compile_falls_back_to_eager_once(caplog):
+    """No C++ compiler (or an op inductor cannot lower): the step runs eagerly and says so once."""
+    from torch._dynamo.exc import TorchDynamoException
+    llm = LLM(model="target", device="cpu")
+    want = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    runner = llm.llm_engine.runner
+
+    def broken(*a, **k):
+        raise TorchDynamoException("no C++ compiler found")
+    runner.compiled = broken
+    got = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert runner.compiled is None and runner.compiled_batch_sizes == set()
+    assert sum("runs eagerly" in r.message for r in caplog.records) == 1
