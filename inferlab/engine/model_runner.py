@@ -15,6 +15,7 @@ compiles once. Prefills, chunks and verifies stay eager: they are few and their 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -124,7 +125,8 @@ class ModelRunner:
         if self.compiled is not None and meta.num_decodes == len(seqs) and packing.ready_to_compile(self.model):
             meta.build_masks(self.model.config.sliding_window)  # plain data for the graph's guards
             try:
-                logits = self.compiled(input_ids, meta, logits_indices=last)[0]
+                with _no_duck_shapes():  # a context length equal to a pool size must not join them
+                    logits = self.compiled(input_ids, meta, logits_indices=last)[0]
                 self.compiled_batch_sizes.add(len(seqs))
                 return logits
             except COMPILE_ERRORS as exc:  # no C++ compiler, an unsupported op: decode eagerly from now on
@@ -132,6 +134,16 @@ class ModelRunner:
                             str(exc).splitlines()[0][:200])
                 self.compiled = None
         return self.model(input_ids, meta, logits_indices=last)[0]
+
+
+def _no_duck_shapes():
+    """Without this, torch.compile assumes two sizes equal at the first call stay equal (a context
+    of 16 tokens and a block of 16 slots) and compiles again when they part."""
+    try:
+        from torch.fx.experimental import _config
+        return _config.patch(use_duck_shape=False)
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
 
 
 def _rank(q_len: int, num_computed: int) -> int:
