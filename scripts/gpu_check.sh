@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check, under 8 minutes on one H200 (the step limits add up to 480 s): the kernel tests compiled for the GPU (fp16, bf16),
-# the engine on CUDA with the Triton backend, then `python -m inferlab.kernels.bench` (TFLOP/s or
+# The GPU check, under 8 minutes on one H200 (the step limits add up to 480 s): the kernel tests
+# compiled for the GPU (fp16, bf16), the engine on CUDA with the Triton backend, tensor parallelism
+# at TP=1 through its launch path (an NCCL group of one and the parallel layers; greedy tokens equal
+# the plain engine's: scripts/tp_check.py), then `python -m inferlab.kernels.bench` (TFLOP/s or
 # GB/s per kernel and the ratio to torch's baseline). Needs only the machine's own python with
 # torch, triton, pytest, hypothesis, transformers: no package registry.
 #   bash scripts/gpu_check.sh            # logs and bench.json under $OUT (default runs/gpu_check)
@@ -51,7 +53,13 @@ step kernel_tests 150 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$P
   -k "not engine" --junitxml="$OUT/kernel_tests.xml"
 # fp32 dots exact (not TF32) so greedy tokens compare kernels, not precisions
 step engine_cuda 90 env INFERLAB_KERNEL_AUTOTUNE=0 TRITON_F32_DEFAULT=ieee "$PY" -m pytest -q -p no:cacheprovider tests/kernels -k engine
-step bench 200 "$PY" -m inferlab.kernels.bench --json "$OUT/bench.json"
+# TP=1 through the TP launch path (NCCL), against the plain engine; only where torch sees CUDA
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  step tensor_parallel 45 "$PY" scripts/tp_check.py --device cuda
+else
+  SUMMARY+=("tensor_parallel: SKIPPED (torch sees no CUDA device)")
+fi
+step bench 155 "$PY" -m inferlab.kernels.bench --json "$OUT/bench.json"
 
 echo
 echo "================ GPU check summary ================"

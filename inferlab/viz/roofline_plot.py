@@ -7,6 +7,10 @@ A roofline plots attainable FLOP/s against arithmetic intensity (FLOPs per byte 
 Left of the ridge point (peak / bandwidth) the memory system limits you; right of it, the ALUs.
 Decoding one token reads every weight to do ~2 FLOPs per parameter, an intensity of
 2 / bytes_per_param (1 FLOP/byte in fp16), far left of any GPU's ridge (~200-300 FLOP/byte).
+
+Tensor parallelism over N GPUs raises the roof N-fold (N HBMs read N shards at once) without moving
+the point sideways (each GPU does 1/N of the FLOPs on 1/N of the bytes); the all-reduces between
+layers add time that holds the point under that roof (``tp_decode_points``, ``tp_roofline_figure``).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from inferlab import roofline
+from inferlab.viz import tp_plots
 from inferlab.viz.figures import Live, LiveFigure, style
 from inferlab.viz.numbers import count, number, percent, si
 
@@ -155,3 +160,43 @@ def roofline_calculator(hardware: dict[str, roofline.Hardware] | None = None, pa
 
     live.place = place
     return live
+
+
+def gang(hw: roofline.Hardware, n: int) -> roofline.Hardware:
+    """``n`` devices of ``hw`` working as one: n times its FLOP/s, bandwidth and memory."""
+    return hw if n == 1 else roofline.Hardware(f"{n} x {hw.name}", n * hw.peak_flops, n * hw.mem_bandwidth,
+                                               n * hw.memory_bytes)
+
+
+def tp_decode_points(hw: roofline.Hardware, params: float, bits: int, hidden: int, layers: int,
+                     links: dict[str, tuple[float, float]], degrees=(1, 2, 4, 8), batch: int = 1) -> dict[str, list[dict]]:
+    """Each link's decode step at each TP degree (``tp_plots.decode_step``: the shard read from HBM
+    plus 2L + 1 all-reduces), as roofline points of ``gang(hw, tp)``: the intensity of the unsplit
+    step, and the FLOP/s the ``tp`` GPUs achieve together (the step's FLOPs over its time).
+    ``links``: name -> (bytes/s per GPU, latency of one small all-reduce), as ``tp_plots.LINKS``."""
+    out = {}
+    for link, (link_bw, latency) in links.items():
+        out[link] = [{**tp_plots.decode_step(params, bits / 8, hidden, layers, batch, n, hw.mem_bandwidth, link_bw,
+                                             latency),
+                      "tp": n, "name": f"TP={n}", "intensity": roofline.arithmetic_intensity(params, bits, batch)}
+                     for n in degrees]
+        for p in out[link]:
+            p["flops"] = roofline.decode_step_flops(params, batch) / p["step_s"]
+    return out
+
+
+def tp_roofline_figure(hw: roofline.Hardware, points: dict[str, list[dict]], title: str | None = None,
+                       height: int = 440) -> go.Figure:
+    """The roofs of 1, 2, 4... x ``hw`` and each link's decode points (``tp_decode_points``) under them."""
+    fig = go.Figure()
+    degrees = [p["tp"] for p in next(iter(points.values()))]
+    for n in degrees:
+        xs, ys = _roof_xy(gang(hw, n))
+        fig.add_scatter(x=xs, y=ys, mode="lines", name=f"roof of {gang(hw, n).name}", line=dict(width=2))
+    for (link, pts), side, symbol in zip(points.items(), ("middle right", "middle left"), ("circle", "square")):
+        fig.add_scatter(x=[p["intensity"] for p in pts], y=[p["flops"] for p in pts], mode="markers+text",
+                        name=f"decode step, {link}", text=[p["name"] for p in pts], textposition=side,
+                        marker=dict(size=11, symbol=symbol))
+    fig.update_layout(xaxis=dict(title="arithmetic intensity (FLOP / byte)", range=[-1, 3.5]),
+                      yaxis=dict(title="attainable FLOP/s (all GPUs together)"), legend=dict(orientation="h", y=-0.25))
+    return style(fig, title or f"Tensor parallelism on the roofline: {hw.name}", height=height, log_x=True, log_y=True)
