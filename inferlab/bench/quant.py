@@ -116,12 +116,17 @@ def run(model_name: str = "target", max_tokens: int | None = None, calib_samples
     if jobs > 1:
         import concurrent.futures as cf
         import multiprocessing as mp
+        from inferlab.quant.methods import METHODS
+        slow_first = sorted(range(len(args)), key=lambda i: not METHODS.get(args[i][1], METHODS["int8"]).calibrated)
         with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            for row in pool.map(_row, *zip(*args)):
-                rows.append(row)
+            futures = {pool.submit(_row, *args[i]): i for i in slow_first}  # GPTQ/AWQ first: the longest
+            done = {}
+            for fut in cf.as_completed(futures):
+                done[futures[fut]] = row = fut.result()
                 if bar is not None:
                     bar.set_postfix_str(f"{row['name']} ppl {row['ppl']:.3f}")
                     bar.update()
+        rows = [done[i] for i in range(len(args))]
     else:
         for a in args:
             if bar is not None:
