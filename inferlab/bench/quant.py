@@ -14,7 +14,8 @@ INT4 load as INT4 codes and run int4's kernel): every format is timed at the end
 pass (:mod:`inferlab.bench.quant_speed`, with ``bench decode``'s timing code), as tok/s and as a
 ratio to fp32 from that same pass. It is timed on ``random-80m`` (``--speed-model``: random weights,
 78.7M params, 315 MB in fp32, too big for the caches, so decode is memory-bound as in a real LLM;
-timed only) and on the scored model (the target, 22 MB, fits in cache: fewer bytes help it little).
+timed only) and on the scored model (the target, 22 MB, fits in cache: there fewer bytes save no time
+and the unpacking costs some).
 With llama-cpp-python installed, the GGUF formats also get llama.cpp's decode tokens/s.
 """
 from __future__ import annotations

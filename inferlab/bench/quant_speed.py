@@ -8,7 +8,7 @@ and timed in ONE pass of alternating rounds with ``bench decode``'s timing code
 (:func:`inferlab.bench.decode.best_rates`): a shared machine's load changes from minute to minute,
 and only ratios measured side by side survive it. The speed model is ``random-80m`` (random weights
 in a realistic shape, 315 MB in fp32, too big for the caches: memory-bound, as a real LLM is); the
-embedded target fits in cache, so fewer bytes per weight barely speed it up.
+embedded target fits in cache, so fewer bytes per weight save it no time (the unpacking still costs).
 """
 from __future__ import annotations
 
