@@ -65,7 +65,8 @@ def test_a_failed_quantize_leaves_no_partial_folder(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_bench_quant_smoke(capsys):
     code, stdout, err = run(capsys, "bench", "quant", "--methods", "int8,q4_0,int4", "--max-tokens", "256",
-                            "--calib-samples", "1", "--new-tokens", "4", "--repeats", "1", "--json")
+                            "--calib-samples", "1", "--new-tokens", "4", "--repeats", "1", "--speed-model", "draft",
+                            "--json")
     assert code == 0, err
     res = json.loads(stdout)
     rows = {r["name"]: r for r in res["rows"]}
@@ -73,7 +74,7 @@ def test_bench_quant_smoke(capsys):
     assert [(r["method"], r["bits"]) for r in res["rows"]][-1] == ("int4", 3)
     for r in rows.values():
         assert {"method", "bits_per_weight", "weight_bytes", "bytes_ratio_vs_fp16", "ppl", "ppl_delta_pct",
-                "decode_tokens_per_s"} <= set(r)
+                "format", "speed_tokens_per_s", "speed_vs_fp32", "decode_tokens_per_s", "decode_vs_fp32"} <= set(r)
         assert r["other_bytes"] == rows["fp32"]["other_bytes"] > 0  # embeddings etc., the same in every row
     assert rows["fp16"]["bytes_ratio_vs_fp16"] == 1 and rows["q4_0"]["bits_per_weight"] == 4.5
     assert rows["int8"]["weight_bytes"] < 0.51 * rows["fp16"]["weight_bytes"]
@@ -112,9 +113,11 @@ def test_bench_quant_rows_on_the_draft_name_their_bits_and_count_other_bytes_onc
     """The small model, few tokens: rows named with their bits, other_bytes the same positive number in
     every row (it was negative once: counted after quantizing, when codes are buffers, not parameters)."""
     from inferlab.bench.quant import run
-    res = run("draft", max_tokens=64, only=["int4"], new_tokens=2, repeats=1, progress=False)
+    res = run("draft", max_tokens=64, only=["int4"], new_tokens=2, repeats=1, progress=False, speed_model="draft")
     rows = res["rows"]
     assert [r["name"] for r in rows] == ["fp32", "fp16", "int4-w4", "int4-w3"]
+    assert list(res["speed"]["formats"]) == ["draft"] and list(res["speed"]["formats"]["draft"]) == ["fp32", "fp16", "int4"]
+    assert rows[0]["speed_vs_fp32"] == 1.0 and rows[2]["speed_tokens_per_s"] == rows[3]["speed_tokens_per_s"] > 0
     assert len({r["other_bytes"] for r in rows}) == 1 and rows[0]["other_bytes"] > 0
     assert rows[0]["ppl_protocol"]["tokens"] == 64 and not rows[0]["ppl_protocol"]["whole_split"]
     assert rows[2]["bits_per_weight"] < rows[1]["bits_per_weight"] / 3
