@@ -82,11 +82,6 @@ def engine_run(llm, ids: list[int]):
     return run
 
 
-def decode_tokens_per_s(llm, ids: list[int], new_tokens: int, repeats: int) -> float:
-    """Batch-1 greedy decode rate of ``llm`` (``bench quant``'s speed column)."""
-    return best_rates({"engine": engine_run(llm, ids)}, new_tokens, repeats)["engine"]
-
-
 def _variant(model: str, precision: str, enforce_eager: bool = True):
     from inferlab.llm import LLM
     if precision in ("fp32", "fp16"):
