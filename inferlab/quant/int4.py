@@ -111,7 +111,10 @@ class Int4Linear(QuantLinear):
         return x if self.perm is None else x.index_select(-1, self.perm)
 
     def fused(self):
-        return fused.int4_matmul, self.qweight, self.scales, self.zeros, self.group_size
+        """The compiled product reads qweight as int32 words of 8 nibbles (group size a multiple of 8)."""
+        if self.group_size % 8 or self.qweight.storage_offset() % 4:
+            return None
+        return fused.int4_matmul, self.qweight.view(torch.int32), self.scales, self.zeros, self.group_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
