@@ -97,18 +97,6 @@ def test_int8_follows_scales_changed_in_place(linear):
             mod.scales.div_(2)
 
 
-def test_int8_without_a_compiler_still_multiplies_int8_eagerly(linear, monkeypatch):
-    mod = Int8Linear.from_float(linear)
-    x = torch.randn(2, 256)
-    with torch.inference_mode():
-        compiled = mod(x)
-        monkeypatch.setattr(fused, "compiler_available", lambda: False)
-        eager = mod(x)
-        ref = mod.forward_reference(x)
-    torch.testing.assert_close(eager, compiled, rtol=1e-5, atol=1e-5)  # the same W8A8 product...
-    assert (eager - ref).abs().max() > 0  # ... not the reference
-
-
 def test_int4_group_sizes_the_word_layout_cannot_read_use_the_reference(monkeypatch):
     torch.manual_seed(0)
     mod = Int4Linear.from_float(nn.Linear(16, 8, bias=False), 4)  # half a word per group
