@@ -18,6 +18,8 @@ Storage (the layout inferlab's W4A16 kernel reads):
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from inferlab.quant import fused
@@ -111,8 +113,9 @@ class Int4Linear(QuantLinear):
         return x if self.perm is None else x.index_select(-1, self.perm)
 
     def fused(self):
-        """The compiled product reads qweight as int32 words of 8 nibbles (group size a multiple of 8)."""
-        if self.group_size % 8 or self.qweight.storage_offset() % 4:
+        """The compiled product reads qweight as little-endian int32 words of 8 nibbles (group size a
+        multiple of 8); elsewhere the reference runs."""
+        if self.group_size % 8 or self.qweight.storage_offset() % 4 or sys.byteorder != "little":
             return None
         return fused.int4_matmul, self.qweight.view(torch.int32), self.scales, self.zeros, self.group_size
 
