@@ -114,8 +114,13 @@ class Int4Linear(QuantLinear):
 
     def fused(self):
         """The compiled product reads qweight as little-endian int32 words of 8 nibbles (group size a
-        multiple of 8); elsewhere the reference runs."""
-        if self.group_size % 8 or self.qweight.storage_offset() % 4 or sys.byteorder != "little":
+        multiple of 8); elsewhere the reference runs. A qweight stored transposed (as some checkpoint
+        layouts load) is made row-contiguous once: same values, and each row's bytes become words."""
+        if self.group_size % 8 or sys.byteorder != "little":
+            return None
+        if self.qweight.stride(-1) != 1:
+            self.qweight = self.qweight.contiguous()
+        if self.qweight.storage_offset() % 4:
             return None
         return fused.int4_matmul, self.qweight.view(torch.int32), self.scales, self.zeros, self.group_size
 

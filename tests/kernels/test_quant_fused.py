@@ -111,3 +111,13 @@ def test_int4_nibble_planes_hold_every_eighth_column_scaled():
     planes, same = fused.nibble_planes(x)
     assert same is x and planes.shape == (1, 8, 2)
     assert planes[0, 1].tolist() == [1 / 16, 9 / 16] and planes[0, 7].tolist() == [7.0, 15.0]
+
+
+def test_int4_qweight_stored_transposed_still_runs_the_word_layout(linear, monkeypatch):
+    mod = Int4Linear.from_float(linear, 128)
+    mod.qweight = mod.qweight.t().contiguous().t()  # same values, column-major (as a checkpoint may load)
+    x = torch.randn(1, 256)
+    with torch.inference_mode():
+        ref = mod.forward_reference(x)
+        monkeypatch.setattr(mod, "dequantize", _no_dequantize)
+        torch.testing.assert_close(mod(x), ref, rtol=1e-5, atol=1e-5)
