@@ -18,6 +18,8 @@ Storage (the layout inferlab's W4A16 kernel reads):
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from inferlab.quant import fused
@@ -111,7 +113,16 @@ class Int4Linear(QuantLinear):
         return x if self.perm is None else x.index_select(-1, self.perm)
 
     def fused(self):
-        return fused.int4_matmul, self.qweight, self.scales, self.zeros, self.group_size
+        """The compiled product reads qweight as little-endian int32 words of 8 nibbles (group size a
+        multiple of 8); elsewhere the reference runs. A qweight stored transposed (as some checkpoint
+        layouts load) is made row-contiguous once: same values, and each row's bytes become words."""
+        if self.group_size % 8 or sys.byteorder != "little":
+            return None
+        if self.qweight.stride(-1) != 1:
+            self.qweight = self.qweight.contiguous()
+        if self.qweight.storage_offset() % 4:
+            return None
+        return fused.int4_matmul, self.qweight.view(torch.int32), self.scales, self.zeros, self.group_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16

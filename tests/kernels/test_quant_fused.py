@@ -14,6 +14,7 @@ from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused
 MAKE = {
     "int8": Int8Linear.from_float,
     "int4": lambda lin: Int4Linear.from_float(lin, 64),
+    "int4-g128": lambda lin: Int4Linear.from_float(lin, 128),  # one 16-word vector per group
     "int4-g32-3bit": lambda lin: Int4Linear.from_float(lin, 32, bits=3),
     "nf4": NF4Linear.from_float,
     "q8_0": lambda lin: GGMLLinear.from_float(lin, "q8_0"),
@@ -94,3 +95,29 @@ def test_int8_follows_scales_changed_in_place(linear):
             mod.scales.mul_(2)
             torch.testing.assert_close(mod(x) - mod.bias, 2 * before)
             mod.scales.div_(2)
+
+
+def test_int4_group_sizes_the_word_layout_cannot_read_use_the_reference(monkeypatch):
+    torch.manual_seed(0)
+    mod = Int4Linear.from_float(nn.Linear(16, 8, bias=False), 4)  # half a word per group
+    assert mod.fused() is None
+    x = torch.randn(1, 16)
+    with torch.inference_mode():
+        assert torch.equal(mod(x), mod.forward_reference(x))
+
+
+def test_int4_nibble_planes_hold_every_eighth_column_scaled():
+    x = torch.arange(16.0).view(1, 16)
+    planes, same = fused.nibble_planes(x)
+    assert same is x and planes.shape == (1, 8, 2)
+    assert planes[0, 1].tolist() == [1 / 16, 9 / 16] and planes[0, 7].tolist() == [7.0, 15.0]
+
+
+def test_int4_qweight_stored_transposed_still_runs_the_word_layout(linear, monkeypatch):
+    mod = Int4Linear.from_float(linear, 128)
+    mod.qweight = mod.qweight.t().contiguous().t()  # same values, column-major (as a checkpoint may load)
+    x = torch.randn(1, 256)
+    with torch.inference_mode():
+        ref = mod.forward_reference(x)
+        monkeypatch.setattr(mod, "dequantize", _no_dequantize)
+        torch.testing.assert_close(mod(x), ref, rtol=1e-5, atol=1e-5)
