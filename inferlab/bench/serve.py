@@ -9,6 +9,11 @@ policies run the same scheduler code in one process and the report gives their r
 continuous run's latencies (TTFT, TPOT), preemptions, prefix-cache hit rate and any KV blocks
 still held after every request finished (leaked).
 
+Fewer steps turn into more tokens/s only as far as a step's cost is fixed: the report gives the
+step ratio beside the tokens/s ratio, and fits every step's time to a fixed part, a part per
+sequence and a part per prompt token (``step_costs``). ``--model target,random-80m`` adds a row
+for a model large enough that reading its weights dominates a step, as on a real deployment.
+
 With ``--url http://HOST:PORT`` the same workload is sent instead to a running OpenAI-compatible
 server (``inferlab serve``, vLLM, SGLang) and timed from the client (``serve_client.py``).
 """
