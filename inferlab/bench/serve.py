@@ -9,14 +9,17 @@ policies run the same scheduler code in one process and the report gives their r
 continuous run's latencies (TTFT, TPOT), preemptions, prefix-cache hit rate and any KV blocks
 still held after every request finished (leaked).
 
+Fewer steps turn into more tokens/s only as far as a step's cost is fixed: the report gives the
+step ratio beside the tokens/s ratio, and fits every step's time to a fixed part, a part per
+sequence and a part per prompt token (``step_costs``). ``--model target,random-80m`` adds a row
+for a model large enough that reading its weights dominates a step, as on a real deployment.
+
 With ``--url http://HOST:PORT`` the same workload is sent instead to a running OpenAI-compatible
 server (``inferlab serve``, vLLM, SGLang) and timed from the client (``serve_client.py``).
 """
 from __future__ import annotations
 
 import argparse
-
-from inferlab.cli import HelpFormatter
 import json
 import math
 import random
@@ -24,7 +27,10 @@ import statistics
 import time
 from collections import deque
 
+import torch
+
 from inferlab.bench.stats import percentile
+from inferlab.cli import HelpFormatter
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
 
@@ -70,26 +76,35 @@ def make_workload(num_requests: int = 64, seed: int = 0, min_tokens: int = 8, ma
 
 def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, keep_outputs: bool = False) -> dict:
     """Run ``workload`` through ``LLM(**llm_kwargs)``'s engine (or ``llm``'s), each request added
-    when its ``arrival_s`` comes; return throughput, latency, scheduler and KV-pool counters (and,
-    with ``keep_outputs``, ``"token_ids"``: each request's completion, in workload order)."""
+    when its ``arrival_s`` comes; return throughput, latency, scheduler and KV-pool counters, each
+    step's record (``LLMEngine.step_record`` with its ``seconds``: what :func:`step_costs` reads)
+    and, with ``keep_outputs``, ``"token_ids"``: each request's completion, in workload order."""
     llm = llm or LLM(**llm_kwargs)
     engine = llm.llm_engine
     before = dict(engine.kv_cache_stats(), num_steps=engine.counters["num_steps"])
     pending = deque(sorted(enumerate(workload), key=lambda x: x[1].get("arrival_s", 0.0)))
-    finals = []
+    finals, records = [], []
+
+    def keep(_engine, record):
+        records.append(record)
+
+    engine.step_hooks.append(keep)
     t0 = time.monotonic()
-    while pending or engine.has_unfinished_requests():
-        now = time.monotonic()
-        while pending and t0 + pending[0][1].get("arrival_s", 0.0) <= now:
-            i, req = pending.popleft()
-            params = SamplingParams(temperature=0, max_tokens=req["max_tokens"], ignore_eos=True)
-            engine.add_request(f"offline-{i}", req["prompt"], params, arrival_time=t0 + req.get("arrival_s", 0.0),
-                               stream=False)
-        if engine.has_unfinished_requests():
-            finals += [o for o in engine.step() if o.finished]
-        elif pending:  # idle until the next arrival
-            time.sleep(max(0.0, t0 + pending[0][1]["arrival_s"] - time.monotonic()))
-    elapsed = time.monotonic() - t0
+    try:
+        while pending or engine.has_unfinished_requests():
+            now = time.monotonic()
+            while pending and t0 + pending[0][1].get("arrival_s", 0.0) <= now:
+                i, req = pending.popleft()
+                params = SamplingParams(temperature=0, max_tokens=req["max_tokens"], ignore_eos=True)
+                engine.add_request(f"offline-{i}", req["prompt"], params, arrival_time=t0 + req.get("arrival_s", 0.0),
+                                   stream=False)
+            if engine.has_unfinished_requests():
+                finals += [o for o in engine.step() if o.finished]
+            elif pending:  # idle until the next arrival
+                time.sleep(max(0.0, t0 + pending[0][1]["arrival_s"] - time.monotonic()))
+        elapsed = time.monotonic() - t0
+    finally:
+        engine.step_hooks.remove(keep)
     after = engine.kv_cache_stats()
     out_tokens = sum(len(o.outputs[0].token_ids) for o in finals)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in finals]
@@ -107,7 +122,34 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, 
             "mean_latency_s": statistics.fmean(latency), "num_steps": engine.counters["num_steps"] - before["num_steps"],
             "num_preemptions": after["num_preemptions"] - before["num_preemptions"],
             "prefix_hit_rate": (after["prefix_hits"] - before["prefix_hits"]) / queries if queries else 0.0,
-            "leaked_blocks": after["used_blocks"]}  # blocks still referenced with no request left
+            "leaked_blocks": after["used_blocks"],  # blocks still referenced with no request left
+            "records": records}
+
+
+def decode_step_seconds(records: list[dict], key: str = "seconds") -> dict[int, float]:
+    """Median seconds (``record[key]``) of a decode-only step (every sequence computes one token),
+    by the number of sequences in it, over step ``records``."""
+    by_size: dict[int, list[float]] = {}
+    for rec in records:
+        if all(row["kind"] == "decode" for row in rec["scheduled"]):
+            by_size.setdefault(len(rec["scheduled"]), []).append(rec[key])
+    return {b: statistics.median(s) for b, s in sorted(by_size.items())}
+
+
+def step_costs(records: list[dict], key: str = "seconds") -> dict[str, float]:
+    """What a step's time grows with: the least-squares fit of every step's seconds (``record[key]``) as a fixed
+    cost per step, a cost per sequence in it and a cost per token it computes beyond one per
+    sequence (prompt tokens).
+
+    Both policies do the same work on one workload (the same sequence-steps, the same tokens), so
+    fewer steps save only the fixed part: continuous / static tokens/s is (fixed * static steps +
+    work) / (fixed * continuous steps + work), the step ratio only when the fixed part dominates."""
+    x = torch.tensor([[1.0, len(r["scheduled"]), r["num_batched_tokens"] - len(r["scheduled"])] for r in records],
+                     dtype=torch.float64)
+    y = torch.tensor([[r[key]] for r in records], dtype=torch.float64)
+    fixed, per_seq, per_token = torch.linalg.lstsq(x, y).solution[:, 0].tolist()
+    return {"fixed_s": fixed, "per_seq_s": per_seq, "per_token_s": per_token,
+            "fixed_share": fixed * len(records) / float(y.sum())}
 
 
 def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs: int = 16, seed: int = 0,
@@ -130,22 +172,32 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
             if policy not in runs or run["output_tokens_per_s"] > runs[policy]["output_tokens_per_s"]:
                 runs[policy] = run
     c, st = runs["continuous"], runs["static"]
+    tokens_ratio = c["output_tokens_per_s"] / st["output_tokens_per_s"]
+    step_ratio = st["num_steps"] / c["num_steps"]  # the scheduling gain, free of per-step cost
+    records = c["records"] + st["records"]
     return {"requests": num_requests, "completed": completed,
             "static_tokens_per_s": st["output_tokens_per_s"], "continuous_tokens_per_s": c["output_tokens_per_s"],
-            "continuous_over_static_tokens_per_s": c["output_tokens_per_s"] / st["output_tokens_per_s"],
-            "static_over_continuous_steps": st["num_steps"] / c["num_steps"],  # the scheduling gain, free of per-step cost
+            "continuous_over_static_tokens_per_s": tokens_ratio, "static_over_continuous_steps": step_ratio,
+            "tokens_ratio_over_step_ratio": tokens_ratio / step_ratio,
             "ttft_p50_s": c["ttft_p50_s"], "ttft_p99_s": c["ttft_p99_s"], "tpot_p50_s": c["tpot_p50_s"],
             "preemptions": c["num_preemptions"], "prefix_hit_rate": c["prefix_hit_rate"],
             "leaked_blocks": leaked,
+            "step_costs": step_costs(records), "decode_step_s": decode_step_seconds(records),
+            "threads": torch.get_num_threads(),
             "model": model, "max_num_seqs": max_num_seqs, "seed": seed, "request_rate": request_rate,
             "repeats": repeats,
             "continuous": c, "static": st}
 
 
+#: Issue goals the report checks: continuous over static tokens/s, and that ratio over the step ratio.
+GOALS = {"continuous_over_static_tokens_per_s": 3.0, "tokens_ratio_over_step_ratio": 0.8}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench serve", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
-    p.add_argument("--model", default="target", help="offline: the model to load; --url: the served name "
+    p.add_argument("--model", default="target", help="offline: the model to load, or several, comma-separated "
+                   "(random-80m: random weights of a realistic shape, for timing); --url: the served name "
                    "(default: the first the server lists)")
     p.add_argument("--url", default=None, help="benchmark the OpenAI-compatible server at http://HOST:PORT instead")
     p.add_argument("--num-requests", type=int, default=64, help="requests in the workload")
@@ -165,22 +217,44 @@ def main(argv: list[str]) -> int:
         p.error("--request-rate must be > 0 (inf: all at once)")
     if args.url is not None:
         return _main_url(args, p)
-    r = compare_policies(args.model, args.num_requests, args.max_num_seqs, args.seed, args.device,
-                         args.request_rate, not args.no_prefix_caching, args.repeats, args.num_kv_blocks)
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    if not models:
+        p.error("--model needs at least one model name")
+    reports = [compare_policies(m, args.num_requests, args.max_num_seqs, args.seed, args.device, args.request_rate,
+                                not args.no_prefix_caching, args.repeats, args.num_kv_blocks) for m in models]
     if args.json:
-        print(json.dumps(_rounded(r)))
+        clean = [_without_records(r) for r in reports]
+        print(json.dumps(_rounded(clean[0] if len(clean) == 1 else {"models": clean})))
         return 0
-    print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, "
-          f"rate {r['request_rate']}/s ({r['model']}), best of {r['repeats']}")
-    print(f"{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}")
-    for name in ("continuous", "static"):
-        x = r[name]
-        print(f"{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}{x['ttft_p50_s']:>10.3f}"
-              f"{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
-    print(f"continuous / static throughput: {r['continuous_over_static_tokens_per_s']:.2f}x ({r['static_over_continuous_steps']:.2f}x fewer steps); completed {r['completed']}/{r['requests']}, "
-          f"preemptions {r['preemptions']}, prefix hit rate {r['prefix_hit_rate']:.2f}, "
-          f"leaked blocks {r['leaked_blocks']}")
+    r = reports[0]
+    print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, rate {r['request_rate']}/s, "
+          f"best of {r['repeats']}, {r['threads']} threads")
+    print(f"{'model':<12}{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}")
+    for r in reports:
+        for name in ("continuous", "static"):
+            x = r[name]
+            print(f"{r['model']:<12}{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}"
+                  f"{x['ttft_p50_s']:>10.3f}{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
+    for r in reports:
+        print(f"{r['model']}: continuous / static throughput {r['continuous_over_static_tokens_per_s']:.2f}x "
+              f"({r['static_over_continuous_steps']:.2f}x fewer steps: the tokens/s ratio is "
+              f"{r['tokens_ratio_over_step_ratio']:.2f} of the step ratio); completed {r['completed']}/{r['requests']}, "
+              f"preemptions {r['preemptions']}, prefix hit rate {r['prefix_hit_rate']:.2f}, leaked blocks {r['leaked_blocks']}")
+        for key, goal in GOALS.items():
+            held = r[key] >= goal
+            print(f"  goal {key} >= {goal}: {r[key]:.2f} " + ("met" if held else "MISSED"))
+        k, d = r["step_costs"], r["decode_step_s"]
+        print(f"  a step costs {k['fixed_s'] * 1e3:.2f} ms fixed + {k['per_seq_s'] * 1e3:.2f} ms per sequence + "
+              f"{k['per_token_s'] * 1e3:.3f} ms per prompt token (the fixed part is {k['fixed_share']:.0%} of step time); "
+              "decode step ms by batch: " + ", ".join(f"{b}: {s * 1e3:.1f}" for b, s in d.items()
+                                                      if b in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     return 0
+
+
+def _without_records(report: dict) -> dict:
+    """The report without the runs' per-step records (kept for :func:`step_costs`, too long for JSON)."""
+    return {k: ({kk: vv for kk, vv in v.items() if kk != "records"} if k in ("continuous", "static") else v)
+            for k, v in report.items()}
 
 
 def _main_url(args, p) -> int:
@@ -204,7 +278,9 @@ def _main_url(args, p) -> int:
 def _rounded(v):
     """Floats to 4 decimals for the JSON report; an infinite rate (all at once) as null."""
     if isinstance(v, dict):
-        return {k: _rounded(x) for k, x in v.items()}
+        return {str(k): _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
     if isinstance(v, float):
         return round(v, 4) if math.isfinite(v) else None
     return v

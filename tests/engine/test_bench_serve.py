@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from inferlab.bench.serve import make_workload, run_offline
 from inferlab.cli import main
 
@@ -46,3 +48,43 @@ def test_bench_serve_cli_json(capsys):
     assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["continuous_over_static_tokens_per_s"] > 0
+
+
+def _record(kinds: list[str], tokens: int, seconds: float) -> dict:
+    return {"scheduled": [{"kind": k} for k in kinds], "num_batched_tokens": tokens, "seconds": seconds}
+
+
+def test_step_costs_recover_what_a_step_grows_with():
+    """Steps timed as 3 ms fixed + 0.5 ms per sequence + 0.02 ms per prompt token: the fit gives
+    those three back, and the fixed part's share of the total time."""
+    from inferlab.bench.serve import step_costs
+
+    shapes = [(1, 1), (4, 4), (16, 16), (2, 40), (8, 200), (3, 3), (5, 90)]  # (sequences, tokens)
+    records = [_record(["decode"] * b, t, 0.003 + 0.0005 * b + 0.00002 * (t - b)) for b, t in shapes]
+    fit = step_costs(records)
+    assert fit["fixed_s"] == pytest.approx(0.003) and fit["per_seq_s"] == pytest.approx(0.0005)
+    assert fit["per_token_s"] == pytest.approx(0.00002, rel=1e-6)
+    assert fit["fixed_share"] == pytest.approx(0.003 * len(shapes) / sum(r["seconds"] for r in records))
+
+
+def test_decode_step_seconds_keeps_decode_only_steps():
+    from inferlab.bench.serve import decode_step_seconds
+
+    records = [_record(["decode"], 1, 0.010), _record(["decode"], 1, 0.002), _record(["decode"], 1, 0.003),
+               _record(["decode", "decode"], 2, 0.004), _record(["decode", "prefill"], 30, 0.5)]
+    assert decode_step_seconds(records) == {1: 0.003, 2: 0.004}  # medians; the step with a prefill is left out
+
+
+def test_bench_serve_reports_several_models_with_goals_and_step_costs(capsys):
+    args = ["bench", "serve", "--model", "draft,target", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1"]
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [m["model"] for m in data["models"]] == ["draft", "target"]
+    for m in data["models"]:
+        assert m["tokens_ratio_over_step_ratio"] == pytest.approx(
+            m["continuous_over_static_tokens_per_s"] / m["static_over_continuous_steps"], rel=1e-2)
+        assert m["step_costs"]["fixed_s"] is not None and "1" in m["decode_step_s"]
+        assert "records" not in m["continuous"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("goal continuous_over_static_tokens_per_s >= 3.0") == 2 and "a step costs" in out

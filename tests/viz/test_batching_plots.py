@@ -77,3 +77,31 @@ def test_snapshots_feed_the_pool_view(runs):
     assert [s["stats"]["used_blocks"] / s["stats"]["total_blocks"] for s in snaps] == [rec["kv_usage"] for rec in c["records"]]
     pool = viz.block_pool(snaps, step=2)
     assert "step 2" in pool.header.value
+
+
+def test_best_of_rounds_takes_each_steps_fastest_round(runs):
+    import copy
+
+    run = runs["continuous"]
+    assert all(rec["wall_s"] >= rec["seconds"] > 0 for rec in run["records"])  # the whole step() call
+    slow, fast = copy.deepcopy(run), copy.deepcopy(run)
+    for i, (a, b) in enumerate(zip(slow["records"], fast["records"])):  # each round fastest on half the steps
+        a["wall_s"], b["wall_s"] = (0.001, 0.005) if i % 2 else (0.005, 0.001)
+    best = bp.best_of_rounds([slow, fast])
+    assert best["elapsed_s"] == pytest.approx(0.001 * run["num_steps"])
+    assert best["tokens_per_s"] == pytest.approx(run["output_tokens"] / (0.001 * run["num_steps"]))
+    assert [rec["wall_s"] for rec in best["records"]] == [0.001] * run["num_steps"]
+    assert len(best["round_tokens_per_s"]) == 2
+    with pytest.raises(ValueError, match="deterministic schedule"):
+        bp.best_of_rounds([run, runs["static"]])
+
+
+def test_throughput_figure_shows_both_ratios(runs):
+    best = {name: dict(run, round_tokens_per_s=[run["tokens_per_s"] * 0.9, run["tokens_per_s"]])
+            for name, run in runs.items()}
+    fig = bp.throughput_figure(best, 1.5, {1: 0.002, 2: 0.0025, 3: 0.003})
+    tokens, rounds, ratio, decode = fig.data
+    assert list(tokens.x) == ["static", "continuous"] and list(tokens.y) == [runs[k]["tokens_per_s"] for k in tokens.x]
+    assert len(rounds.y) == 4
+    assert list(ratio.y) == pytest.approx([1.5, runs["continuous"]["tokens_per_s"] / runs["static"]["tokens_per_s"]])
+    assert list(decode.x) == [1, 2, 3] and list(decode.y) == pytest.approx([2.0, 2.5, 3.0])
