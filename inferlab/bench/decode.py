@@ -1,4 +1,4 @@
-"""Batch-1 greedy decode, every engine and precision side by side, with the issue's goals checked.
+"""Batch-1 greedy decode, every engine and precision side by side, with the course's speed goals checked.
 
 For each model (``target``, and ``random-80m``: random weights of realistic shape, timed only)
 and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: inferlab's engine

@@ -189,7 +189,7 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
             "continuous": c, "static": st}
 
 
-#: Issue goals the report checks: continuous over static tokens/s, and that ratio over the step ratio.
+#: The goals the report checks: continuous over static tokens/s, and that ratio over the step ratio.
 GOALS = {"continuous_over_static_tokens_per_s": 3.0, "tokens_ratio_over_step_ratio": 0.8}
 
 
