@@ -21,10 +21,10 @@ from inferlab.cli import HelpFormatter
 import importlib.util
 import json
 import tempfile
-import time
 
 import torch
 
+from inferlab.bench.stats import best_rates
 from inferlab.errors import InferlabError
 from inferlab.quant.base import QuantizationError
 
@@ -44,31 +44,6 @@ GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),
     ("random-80m", "engine, compiled step >= 1.0x contiguous", ("fp32", "compiled", "fp32", "contiguous"), 1.0),
 ]
-
-
-def best_rates(runs: dict, new_tokens: int, repeats: int, decode_only: bool = True) -> dict:
-    """Tokens/s of each ``runs[name](n)`` (one generate of n new tokens): one warm-up each, then
-    ``repeats`` rounds in turn, best time of each. ``decode_only``: each round also times n = 1
-    (prefill and one token), and the rate is (new_tokens - 1) / (best t(new_tokens) - best t(1)),
-    so a slow prefill (quantized prompts dequantize their weights) does not hide the decode speed.
-    The one timing code of ``bench decode`` and ``bench quant``."""
-    decode_only = decode_only and new_tokens > 1
-    sizes = (new_tokens, 1) if decode_only else (new_tokens,)
-    best = {(name, n): float("inf") for name in runs for n in sizes}
-    for name, fn in runs.items():
-        fn(new_tokens)
-    for _ in range(repeats):
-        for (name, n) in best:
-            t = time.perf_counter()
-            runs[name](n)
-            best[name, n] = min(best[name, n], time.perf_counter() - t)
-    if not decode_only:
-        return {name: new_tokens / best[name, new_tokens] for name in runs}
-    rates = {}
-    for name in runs:  # under load the best one-token run can come out no faster than the long one:
-        long, short = best[name, new_tokens], best[name, 1]  # then take the whole run's rate
-        rates[name] = (new_tokens - 1) / (long - short) if long > 1.05 * short else new_tokens / long
-    return rates
 
 
 def engine_run(llm, ids: list[int]):
@@ -210,25 +185,6 @@ def rates_of(rows, model, precision, column):
     return None
 
 
-def sampler_cost(model: str = "draft", batch: int = 32, new_tokens: int = 16, repeats: int = 7) -> dict:
-    """Decode at ``batch``: greedy against temperature 0.8 (+ top-p 0.95, + top-k 50), interleaved."""
-    from inferlab.llm import LLM
-    from inferlab.sampling import SamplingParams
-    llm = LLM(model=model, device="cpu", max_num_seqs=batch)
-    prompts = [[(7 * i) % 1000 + 1, 2, 3, 4] for i in range(batch)]
-    settings = {"greedy": dict(temperature=0), "temperature": dict(temperature=0.8),
-                "top_p": dict(temperature=0.8, top_p=0.95), "top_k_top_p": dict(temperature=0.8, top_p=0.95, top_k=50)}
-
-    def make(kw):
-        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, **kw)
-        return lambda n: llm.generate(prompt_token_ids=prompts, sampling_params=params)
-    rates = best_rates({k: make(kw) for k, kw in settings.items()}, new_tokens * batch, repeats, decode_only=False)
-    return {"model": model, "batch": batch, "new_tokens": new_tokens,
-            "tokens_per_s": {k: round(v, 1) for k, v in rates.items()},
-            "cost_vs_greedy": {k: round(rates["greedy"] / v, 2) for k, v in rates.items() if k != "greedy"},
-            "goal": "sampled <= 1.3x greedy", "met": max(rates["greedy"] / v for v in rates.values()) <= 1.3}
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
@@ -250,6 +206,7 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.sampler:
+        from inferlab.bench.sampler import sampler_cost
         r = sampler_cost(args.model.split(",")[0] if args.model != ",".join(MODELS) else "draft",
                          new_tokens=args.new_tokens, repeats=args.repeats)
         print(json.dumps(r) if args.json else

@@ -156,7 +156,7 @@ def run(model_name: str = "target", max_tokens: int | None = None, calib_samples
     speed = {"model": speed_model, "random_weights": random_model.is_random_model(speed_model),
              "threads": torch.get_num_threads(), "new_tokens": new_tokens, "repeats": repeats,
              "timing": "batch-1 greedy decode, every (model, format) held in memory and timed in one interleaved "
-                       "pass, best of repeats (inferlab.bench.decode.best_rates)", "formats": speeds}
+                       "pass, best of repeats (inferlab.bench.stats.best_rates)", "formats": speeds}
     return {"model": model_name, "ppl_tokens": rows[0]["ppl_tokens"], "ppl_protocol": rows[0]["ppl_protocol"],
             "calibration_samples": calib_samples, "speed": speed, "fields": FIELDS, "rows": rows,
             "goals": {**goals(rows), **speed_goals(speeds[speed_model], speed_model)}}

@@ -5,7 +5,7 @@ kernel. GPTQ, AWQ and 3-bit INT4 checkpoints load as INT4 codes (nibbles, g128) 
 kernel (GPTQ's act-order adds one gather of each input; AWQ's scales are folded into the previous
 norm), so one speed per format is honest. Every (model, format) variant is built, held in memory,
 and timed in ONE pass of alternating rounds with ``bench decode``'s timing code
-(:func:`inferlab.bench.decode.best_rates`): a shared machine's load changes from minute to minute,
+(:func:`inferlab.bench.stats.best_rates`): a shared machine's load changes from minute to minute,
 and only ratios measured side by side survive it. The speed model is ``random-80m`` (random weights
 in a realistic shape, 315 MB in fp32, too big for the caches: memory-bound, as a real LLM is); the
 embedded target fits in cache, so fewer bytes per weight save it no time (the unpacking still costs).
@@ -16,7 +16,8 @@ import importlib.util
 import sys
 import tempfile
 
-from inferlab.bench.decode import PROMPT, _variant, best_rates, engine_run, weight_bytes_per_token
+from inferlab.bench.decode import PROMPT, _variant, engine_run, weight_bytes_per_token
+from inferlab.bench.stats import best_rates
 from inferlab.quant.base import QuantizationError
 
 SPEED_MODEL = "random-80m"

@@ -29,7 +29,7 @@ from collections import deque
 
 import torch
 
-from inferlab.bench.stats import percentile
+from inferlab.bench.stats import decode_step_seconds, percentile, step_costs
 from inferlab.cli import HelpFormatter
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
@@ -124,32 +124,6 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, 
             "prefix_hit_rate": (after["prefix_hits"] - before["prefix_hits"]) / queries if queries else 0.0,
             "leaked_blocks": after["used_blocks"],  # blocks still referenced with no request left
             "records": records}
-
-
-def decode_step_seconds(records: list[dict], key: str = "seconds") -> dict[int, float]:
-    """Median seconds (``record[key]``) of a decode-only step (every sequence computes one token),
-    by the number of sequences in it, over step ``records``."""
-    by_size: dict[int, list[float]] = {}
-    for rec in records:
-        if all(row["kind"] == "decode" for row in rec["scheduled"]):
-            by_size.setdefault(len(rec["scheduled"]), []).append(rec[key])
-    return {b: statistics.median(s) for b, s in sorted(by_size.items())}
-
-
-def step_costs(records: list[dict], key: str = "seconds") -> dict[str, float]:
-    """What a step's time grows with: the least-squares fit of every step's seconds (``record[key]``) as a fixed
-    cost per step, a cost per sequence in it and a cost per token it computes beyond one per
-    sequence (prompt tokens).
-
-    Both policies do the same work on one workload (the same sequence-steps, the same tokens), so
-    fewer steps save only the fixed part: continuous / static tokens/s is (fixed * static steps +
-    work) / (fixed * continuous steps + work), the step ratio only when the fixed part dominates."""
-    x = torch.tensor([[1.0, len(r["scheduled"]), r["num_batched_tokens"] - len(r["scheduled"])] for r in records],
-                     dtype=torch.float64)
-    y = torch.tensor([[r[key]] for r in records], dtype=torch.float64)
-    fixed, per_seq, per_token = torch.linalg.lstsq(x, y).solution[:, 0].tolist()
-    return {"fixed_s": fixed, "per_seq_s": per_seq, "per_token_s": per_token,
-            "fixed_share": fixed * len(records) / float(y.sum())}
 
 
 def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs: int = 16, seed: int = 0,

@@ -1,6 +1,11 @@
 """Small statistics shared by the benchmarks (one home, so the benchmarks need not import each other)."""
 from __future__ import annotations
 
+import statistics
+import time
+
+import torch
+
 
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
@@ -11,3 +16,54 @@ def percentile(values: list[float], q: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def decode_step_seconds(records: list[dict], key: str = "seconds") -> dict[int, float]:
+    """Median seconds (``record[key]``) of a decode-only step (every sequence computes one token),
+    by the number of sequences in it, over step ``records``."""
+    by_size: dict[int, list[float]] = {}
+    for rec in records:
+        if all(row["kind"] == "decode" for row in rec["scheduled"]):
+            by_size.setdefault(len(rec["scheduled"]), []).append(rec[key])
+    return {b: statistics.median(s) for b, s in sorted(by_size.items())}
+
+
+def step_costs(records: list[dict], key: str = "seconds") -> dict[str, float]:
+    """What a step's time grows with: the least-squares fit of every step's seconds (``record[key]``) as a fixed
+    cost per step, a cost per sequence in it and a cost per token it computes beyond one per
+    sequence (prompt tokens).
+
+    Both policies do the same work on one workload (the same sequence-steps, the same tokens), so
+    fewer steps save only the fixed part: continuous / static tokens/s is (fixed * static steps +
+    work) / (fixed * continuous steps + work), the step ratio only when the fixed part dominates."""
+    x = torch.tensor([[1.0, len(r["scheduled"]), r["num_batched_tokens"] - len(r["scheduled"])] for r in records],
+                     dtype=torch.float64)
+    y = torch.tensor([[r[key]] for r in records], dtype=torch.float64)
+    fixed, per_seq, per_token = torch.linalg.lstsq(x, y).solution[:, 0].tolist()
+    return {"fixed_s": fixed, "per_seq_s": per_seq, "per_token_s": per_token,
+            "fixed_share": fixed * len(records) / float(y.sum())}
+
+
+def best_rates(runs: dict, new_tokens: int, repeats: int, decode_only: bool = True) -> dict:
+    """Tokens/s of each ``runs[name](n)`` (one generate of n new tokens): one warm-up each, then
+    ``repeats`` rounds in turn, best time of each. ``decode_only``: each round also times n = 1
+    (prefill and one token), and the rate is (new_tokens - 1) / (best t(new_tokens) - best t(1)),
+    so a slow prefill (quantized prompts dequantize their weights) does not hide the decode speed.
+    The one timing code of ``bench decode`` and ``bench quant``."""
+    decode_only = decode_only and new_tokens > 1
+    sizes = (new_tokens, 1) if decode_only else (new_tokens,)
+    best = {(name, n): float("inf") for name in runs for n in sizes}
+    for name, fn in runs.items():
+        fn(new_tokens)
+    for _ in range(repeats):
+        for (name, n) in best:
+            t = time.perf_counter()
+            runs[name](n)
+            best[name, n] = min(best[name, n], time.perf_counter() - t)
+    if not decode_only:
+        return {name: new_tokens / best[name, new_tokens] for name in runs}
+    rates = {}
+    for name in runs:  # under load the best one-token run can come out no faster than the long one:
+        long, short = best[name, new_tokens], best[name, 1]  # then take the whole run's rate
+        rates[name] = (new_tokens - 1) / (long - short) if long > 1.05 * short else new_tokens / long
+    return rates

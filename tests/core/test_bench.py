@@ -23,3 +23,13 @@ def test_bench_decode_json(tmp_path, capsys):
 def test_bench_unknown_name_exits_2(capsys):
     assert main(["bench", "nope"]) == 2
     assert "decode" in capsys.readouterr().err
+
+
+def test_bench_decode_sampler_reports_each_setting_against_greedy(capsys):
+    assert main(["bench", "decode", "--sampler", "--new-tokens", "2", "--repeats", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["cost_vs_greedy"]) == {"temperature", "top_p", "top_k_top_p"}
+    rates = data["tokens_per_s"]
+    for k, v in data["cost_vs_greedy"].items():
+        assert abs(v - rates["greedy"] / rates[k]) < 0.01 * v + 0.01
+    assert data["met"] == (max(data["cost_vs_greedy"].values()) <= 1.3)

@@ -57,7 +57,7 @@ def _record(kinds: list[str], tokens: int, seconds: float) -> dict:
 def test_step_costs_recover_what_a_step_grows_with():
     """Steps timed as 3 ms fixed + 0.5 ms per sequence + 0.02 ms per prompt token: the fit gives
     those three back, and the fixed part's share of the total time."""
-    from inferlab.bench.serve import step_costs
+    from inferlab.bench.stats import step_costs
 
     shapes = [(1, 1), (4, 4), (16, 16), (2, 40), (8, 200), (3, 3), (5, 90)]  # (sequences, tokens)
     records = [_record(["decode"] * b, t, 0.003 + 0.0005 * b + 0.00002 * (t - b)) for b, t in shapes]
@@ -68,7 +68,7 @@ def test_step_costs_recover_what_a_step_grows_with():
 
 
 def test_decode_step_seconds_keeps_decode_only_steps():
-    from inferlab.bench.serve import decode_step_seconds
+    from inferlab.bench.stats import decode_step_seconds
 
     records = [_record(["decode"], 1, 0.010), _record(["decode"], 1, 0.002), _record(["decode"], 1, 0.003),
                _record(["decode", "decode"], 2, 0.004), _record(["decode", "prefill"], 30, 0.5)]

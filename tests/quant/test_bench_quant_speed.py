@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inferlab.bench import decode, quant, quant_speed
+from inferlab.bench import quant, quant_speed, stats
 from inferlab.quant.base import QuantizationError
 
 COST = {"fp32": 0.04, "fp16": 0.025, "int8": 0.02, "int4": 0.01, "nf4": 0.05}  # seconds per decoded token
@@ -38,7 +38,7 @@ def fake_engine(monkeypatch):
     monkeypatch.setattr(quant_speed, "_variant", variant)
     monkeypatch.setattr(quant_speed, "engine_run", engine_run)
     monkeypatch.setattr(quant_speed, "GGUF", {})  # no llama.cpp child processes here
-    monkeypatch.setattr(decode, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(stats, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     return log
 
 
