@@ -45,9 +45,6 @@ from inferlab.tokenizer import EOT, Tokenizer, train_bpe
 log = logging.getLogger("inferlab.train")
 
 
-
-
-
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """Shape and optimisation settings of one model."""
