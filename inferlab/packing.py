@@ -111,15 +111,23 @@ def pack(owner: nn.Module, attr: str, parts: list[nn.Module]) -> bool:
     return packed is not None
 
 
+# (a layer's submodule, the packed attribute, the projections it stacks): the packs every layer may hold
+GROUPS = (("self_attn", "packed_qkv", ("q_proj", "k_proj", "v_proj")),
+          ("mlp", "packed_gate_up", ("gate_proj", "up_proj")))
+
+
+def _groups(model: nn.Module):
+    """(owner, attr, parts) of every group of ``model``'s layers; a MoE layer's experts are not one."""
+    for layer in model.model.layers:
+        for sub, attr, names in GROUPS:
+            owner = getattr(layer, sub)
+            if all(hasattr(owner, n) for n in names):
+                yield owner, attr, [getattr(owner, n) for n in names]
+
+
 def pack_projections(model: nn.Module) -> int:
     """Pack q/k/v and gate/up in every layer of ``model``; returns how many groups were packed."""
-    n = 0
-    for layer in model.model.layers:
-        a = layer.self_attn
-        n += pack(a, "packed_qkv", [a.q_proj, a.k_proj, a.v_proj])
-        if hasattr(layer.mlp, "gate_proj"):  # a dense MLP (a MoE layer's experts stay as they are)
-            n += pack(layer.mlp, "packed_gate_up", [layer.mlp.gate_proj, layer.mlp.up_proj])
-    return n
+    return sum(pack(owner, attr, parts) for owner, attr, parts in _groups(model))
 
 
 def _global_hooks() -> bool:
@@ -132,14 +140,11 @@ def ready_to_compile(model: nn.Module) -> bool:
     projection: a compiled forward must not run then (the caller runs the eager one)."""
     if _global_hooks():
         return False
-    for layer in model.model.layers:
-        for owner, attr, names in ((layer.self_attn, "packed_qkv", ("q_proj", "k_proj", "v_proj")),
-                                   (layer.mlp, "packed_gate_up", ("gate_proj", "up_proj"))):
-            if owner.__dict__.get(attr) is not None:
-                parts = [getattr(owner, n) for n in names]
-                if any(p._forward_hooks or p._forward_pre_hooks for p in parts):
-                    return False
-                use_packed(owner, attr, *parts)
+    for owner, attr, parts in _groups(model):
+        if owner.__dict__.get(attr) is not None:
+            if any(p._forward_hooks or p._forward_pre_hooks for p in parts):
+                return False
+            use_packed(owner, attr, *parts)
     return True
 
 
