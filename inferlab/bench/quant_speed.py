@@ -16,13 +16,13 @@ import importlib.util
 import sys
 import tempfile
 
-from inferlab.bench.decode import PROMPT, _variant, engine_run, weight_bytes_per_token
+from inferlab.bench.decode import PROMPT, _llama_cpp_run, _variant, engine_run, weight_bytes_per_token
 from inferlab.bench.stats import best_rates
 from inferlab.quant.base import QuantizationError
 
 SPEED_MODEL = "random-80m"
 FORMAT_OF = {"gptq": "int4", "awq": "int4"}  # the kernel a method's checkpoint runs (all else: its own)
-GGUF = {"fp32": "f32", "q8_0": "q8_0", "q4_0": "q4_0", "q4_k": "q4_k"}  # formats llama.cpp also runs
+GGUF = ("fp32", "q8_0", "q4_0", "q4_k")  # the formats llama.cpp also runs (fp32 as an F32 .gguf)
 
 
 def format_of(method: str) -> str:
@@ -50,19 +50,18 @@ def speed_pass(models: list[str], formats: list[str], new_tokens: int, repeats: 
                            "weight_mb": round(weight_bytes_per_token(llms[model, fmt].model) / 2**20, 1)}
     for (model, fmt), llm in llms.items():
         if fmt in GGUF and importlib.util.find_spec("llama_cpp") is not None:
-            out[model][fmt]["llama_cpp_tokens_per_s"] = _llama_cpp_tokens_per_s(llm, GGUF[fmt], new_tokens, repeats)
+            out[model][fmt]["llama_cpp_tokens_per_s"] = _llama_cpp_tokens_per_s(llm, fmt, new_tokens, repeats)
     return {m: {f: out[m][f] for f in formats if f in out[m]} for m in models}
 
 
-def _llama_cpp_tokens_per_s(llm, gguf_type: str, new_tokens: int, repeats: int) -> float | None:
-    """llama.cpp's own timing of a greedy decode of the same weights (None if it fails: said on stderr)."""
+def _llama_cpp_tokens_per_s(llm, fmt: str, new_tokens: int, repeats: int) -> float | None:
+    """llama.cpp's own timing of a greedy decode of the same weights, best of ``repeats`` (``bench
+    decode``'s llama.cpp run); None if it fails, said on stderr."""
     from inferlab.quant import llama_cpp_runner
-    from inferlab.quant.gguf_export import write_gguf
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_gguf(llm.model, llm.tokenizer, f"{tmp}/m", gguf_type)
+        run = _llama_cpp_run(llm, fmt, llm.encode(PROMPT), new_tokens, tmp)
         try:
-            return round(max(llama_cpp_runner.run(path, llm.encode(PROMPT), new_tokens)["tokens_per_s"]
-                             for _ in range(repeats)), 1)
+            return round(max(run() for _ in range(repeats)), 1)
         except llama_cpp_runner.LlamaCppError as exc:
             print(f"inferlab bench quant: {exc}", file=sys.stderr)
             return None
