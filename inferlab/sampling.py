@@ -172,17 +172,15 @@ def draw_top_p(probs: torch.Tensor, top_p: torch.Tensor, generators) -> torch.Te
     Tokens tied with the crossing one all stay (a sort would keep an arbitrary part of the tie)."""
     tokens = draw(probs, generators)
     todo = torch.arange(probs.shape[0], device=probs.device)
-    rows, p = probs, top_p
+    rows, p = probs, top_p  # rows: each pending row's current set (the mass above a token is the same in it)
     while True:
         picked = rows.gather(1, tokens[todo][:, None])
-        above = torch.where(rows > picked, rows, torch.zeros((), device=rows.device)).sum(-1, keepdim=True)
-        retry = (above >= p)[:, 0]
+        likelier = torch.where(rows > picked, rows, torch.zeros((), device=rows.device))
+        retry = (likelier.sum(-1, keepdim=True) >= p)[:, 0]
         if not bool(retry.any()):
             return tokens
-        todo, picked, p = todo[retry], picked[retry], p[retry]
-        rows = probs[todo]
-        tokens[todo] = draw(torch.where(rows > picked, rows, torch.zeros((), device=rows.device)),
-                            [generators[i] for i in todo.tolist()])
+        todo, rows, p = todo[retry], likelier[retry], p[retry]
+        tokens[todo] = draw(rows, [generators[i] for i in todo.tolist()])
 
 
 def top_k_probs(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
