@@ -1,4 +1,5 @@
-"""Writing a model folder all at once: a crash never leaves half a folder behind.
+"""Where inferlab writes: model folders all at once (a crash never leaves half a folder behind),
+and the cache of what it builds on first use.
 
 Its own module because both the loader (``save_checkpoint``) and the quantized savers
 (``quant/checkpoint.py``) write folders, and the loader also reads quantized ones.
@@ -10,6 +11,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where inferlab keeps what it builds on first use (random-weight models, compiled kernels):
+    ``~/.cache/inferlab``, or ``INFERLAB_CACHE``."""
+    return Path(os.environ.get("INFERLAB_CACHE", Path.home() / ".cache" / "inferlab")).expanduser()
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from inferlab.folders import cache_dir
+
 SHAPES = {
     "random-80m": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
                        num_key_value_heads=4, head_dim=64, max_position_embeddings=2048),
@@ -31,10 +33,6 @@ def is_random_model(name_or_path: str | os.PathLike) -> bool:
     """True for a random model's name or folder: its perplexity rows should read "n/a"."""
     text = str(name_or_path)
     return text in SHAPES or (Path(text) / "RANDOM_WEIGHTS").exists()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("INFERLAB_CACHE", Path.home() / ".cache" / "inferlab")).expanduser()
 
 
 def random_model_path(name: str) -> Path:

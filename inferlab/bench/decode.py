@@ -3,7 +3,7 @@
 For each model (``target``, and ``random-80m``: random weights of realistic shape, timed only)
 and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: inferlab's engine
 (``LLM.generate``: scheduler, paged KV cache), the same engine with its decode step compiled
-(``enforce_eager=False``, fp32 rows: one graph per batch size), its contiguous-cache reference path
+(``enforce_eager=False``, fp32, int8 and int4 rows: one graph per batch size), its contiguous-cache reference path
 (``inferlab.generate``), transformers ``generate`` (fp32/fp16), and llama.cpp on a GGUF of the
 same weights when ``llama-cpp-python`` is installed (one thread, as this process by default).
 Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
@@ -31,12 +31,14 @@ from inferlab.quant.base import QuantizationError
 PROMPT = "def fibonacci(n):\n    "
 MODELS = ("target", "random-80m")
 PRECISIONS = ("fp32", "fp16", "int8", "int4", "q8_0", "q4_k")
-COMPILED = ("fp32",)  # the precisions also timed with a compiled decode step (each compiles for a minute)
+COMPILED = ("fp32", "int8", "int4")  # also timed with a compiled decode step (each compiles for a minute)
 GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
     ("random-80m", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
     ("random-80m", "int8 >= 0.8x llama.cpp Q8_0", ("int8", "engine", "q8_0", "llama.cpp"), 0.8),
     ("random-80m", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
+    ("random-80m", "int8, compiled step >= 2x fp32, compiled step", ("int8", "compiled", "fp32", "compiled"), 2.0),
+    ("random-80m", "int4, compiled step >= 3x fp32, compiled step", ("int4", "compiled", "fp32", "compiled"), 3.0),
     ("target", "fp32 >= 0.5x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.5),
     ("target", "fp32, compiled step >= 0.5x llama.cpp F32", ("fp32", "compiled", "fp32", "llama.cpp"), 0.5),
     ("target", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),

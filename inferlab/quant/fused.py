@@ -13,7 +13,8 @@ Group-wise formats use the distributive law to take the zero point out of the in
 
 Where compiling is impossible (no C++ compiler, an unsupported platform), :func:`fused_call` says
 so once and returns None; the caller then uses the reference. ``INFERLAB_QUANT_KERNEL=eager``
-forces the reference everywhere (to compare, or to debug).
+forces the reference everywhere (to compare, or to debug). On x86 CPUs with AVX-512 VNNI, INT8 and
+INT4 decode run ``inferlab.quant.vnni``'s integer dot products instead (faster: see there).
 """
 from __future__ import annotations
 
@@ -216,8 +217,10 @@ def _compiled(fn, args):
 
 
 def mode() -> str:
-    """``compiled`` (the default where a compiler exists) or ``eager`` (the dequantize reference)."""
-    return os.environ.get("INFERLAB_QUANT_KERNEL", "compiled").lower()
+    """``INFERLAB_QUANT_KERNEL``: ``auto`` (the default: ``inferlab.quant.vnni``'s kernels where the
+    CPU has AVX-512 VNNI, else these compiled products), ``compiled`` (these only) or ``eager``
+    (the dequantize-then-matmul reference everywhere)."""
+    return os.environ.get("INFERLAB_QUANT_KERNEL", "auto").lower()
 
 
 def _give_up(why: str) -> None:
@@ -229,6 +232,12 @@ def _give_up(why: str) -> None:
 def fused_call(fn, x: torch.Tensor, *args):
     """``fn(x2d, *args)`` compiled, for a batch of at most MAX_ROWS rows; None where the reference should run."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if torch.compiler.is_compiling():  # inside a compiled decode step: the expression joins its graph
+        if not 0 < rows <= MAX_ROWS:
+            return None
+        x2 = x.reshape(rows, x.shape[-1]).float()
+        y = fn(*(PREPARE[fn](x2) if fn in PREPARE else (x2,)), *args)
+        return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
     if "compile" in _broken or rows == 0 or rows > MAX_ROWS or mode() == "eager" or torch.is_grad_enabled() and x.requires_grad:
         return None
     if x.device.type == "cpu" and not compiler_available():

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from inferlab.quant import fused
+from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantizationError, QuantLinear, check_divides
 
 
@@ -126,10 +126,14 @@ class Int4Linear(QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
-        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU, the compiled product of
-        ``inferlab.quant.fused`` for decode, dequantize-then-matmul for prefill."""
+        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU for decode, the VNNI loop of
+        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 128) or else the compiled
+        product of ``inferlab.quant.fused``; dequantize-then-matmul for prefill."""
         if not x.is_cuda:
-            return super().forward(x)
+            y = vnni.int4_linear(self.prepare_input(x), self.qweight, self.scales, self.zeros, self.group_size)
+            if y is None:
+                return super().forward(x)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
         from inferlab.kernels.w4a16_matmul import w4a16_matmul
 
         y = w4a16_matmul(self.prepare_input(x), self.qweight, self.scales, self.zeros, self.group_size)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.quant import fused
+from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantLinear
 
 
@@ -51,9 +51,13 @@ class Int8Linear(QuantLinear):
         return fused.int8_matmul, self.qweight, self.scales
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU, int8 x int8 products (:func:`inferlab.quant.fused.int8_w8a8`); on a GPU the
-        compiled dequantize-inside-the-reduction product; the reference elsewhere."""
-        y = fused.w8a8_call(x, self.qweight, self._float_scales())
+        """On the CPU, int8 x int8 products: ``inferlab.quant.vnni``'s loop where the CPU has AVX-512
+        VNNI, else ``torch._int_mm`` (:func:`inferlab.quant.fused.int8_w8a8`); on a GPU the compiled
+        dequantize-inside-the-reduction product; the reference elsewhere."""
+        y = vnni.int8_linear(x, self.qweight, self.scales)
+        if y is None:
+            scales = self.scales.float() if torch.compiler.is_compiling() else self._float_scales()
+            y = fused.w8a8_call(x, self.qweight, scales)
         if y is None:
             return super().forward(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)

@@ -2,7 +2,8 @@
 
 The compiled products (``inferlab.quant.fused``) must equal the reference up to float rounding and
 must not touch ``dequantize`` (no fp32 weight); the int8 W8A8 path may differ only by the rounding
-of its activations. Shapes stay small: each (format, shape, rows) compiles one C++ kernel."""
+of its activations. Shapes stay small: each (format, shape, rows) compiles one C++ kernel.
+``INFERLAB_QUANT_KERNEL=compiled`` keeps INT8 and INT4 off the VNNI loops, tested in test_quant_vnni.py."""
 import logging
 
 import pytest
@@ -21,6 +22,11 @@ MAKE = {
     "q4_0": lambda lin: GGMLLinear.from_float(lin, "q4_0"),
     "q4_k": lambda lin: GGMLLinear.from_float(lin, "q4_k"),
 }
+
+
+@pytest.fixture(autouse=True)
+def compiled_products_only(monkeypatch):
+    monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
 
 
 def _no_dequantize():

@@ -1,0 +1,151 @@
+"""INT8 and INT4 decode products on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
+
+Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
+multiply-add, three or more instructions per weight, which one core runs slower than memory can
+feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 plus ~30 us of
+eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
+the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
+activations are quantized to int8 first (per row for INT8, per group for INT4): the result differs
+from dequantize-then-matmul by that rounding, at most ``sum_k |w_k| * xs / 2`` per output.
+
+The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
+(``INFERLAB_CACHE``), keyed by its hash, and loaded with ctypes. Where there is no compiler, no
+x86 CPU with AVX-512 VNNI, or ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager``,
+:func:`available` is False and the callers use the compiled products or the reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from inferlab.folders import cache_dir
+from inferlab.quant import fused
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("vnni.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int
+
+
+def _build(source: Path) -> Path:
+    """Compile ``source`` into a shared library in the cache (once per source and machine)."""
+    text = source.read_bytes()
+    key = hashlib.sha256(text + platform.machine().encode()).hexdigest()[:16]
+    lib = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    if lib.exists():
+        return lib
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC", "cc")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+    os.close(fd)
+    base = [cc, "-O3", "-shared", "-fPIC", str(source), "-o", tmp, "-lm"]
+    try:  # OpenMP splits the output rows over torch's threads; without it, one thread
+        for cmd in (base[:2] + ["-fopenmp"] + base[2:], base):
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                os.replace(tmp, lib)  # atomic: a concurrent build never loads half a file
+                return lib
+        raise OSError((done.stderr.strip().splitlines() or [f"{cc} failed"])[0][:200])
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def _library():
+    """The loaded library, or None where it cannot run here (said once, in the log)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(SOURCE)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("inferlab: the VNNI int8/int4 kernels did not build (%s); using the compiled products", e)
+        return None
+    if not lib.inferlab_vnni_supported():
+        log.info("inferlab: this CPU has no AVX-512 VNNI; quantized linears use the compiled products")
+        return None
+    lib.inferlab_int8_gemv.argtypes = [_P, _I, _I, _P, _P, _I, _P, _I]
+    lib.inferlab_int4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
+    return lib
+
+
+def available() -> bool:
+    """Can the VNNI kernels run here (CPU, compiler, ``INFERLAB_QUANT_KERNEL``)? Checked once per
+    trace by a compiled step (its value is a constant of the graph)."""
+    return fused.mode() == "auto" and _library() is not None
+
+
+def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """A few rows of a CPU tensor without autograd, and the kernels here: cheap checks, in the order
+    that fails fastest (a decode step calls this for every projection)."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    return (0 < rows <= fused.MAX_ROWS and x.device.type == "cpu" and qweight.device.type == "cpu"
+            and not (x.requires_grad and torch.is_grad_enabled()) and _available())
+
+
+_available = torch._dynamo.assume_constant_result(available)
+
+
+def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) -> [M, N]: the C loop, called directly (eager) or as
+    ``torch.ops.inferlab.int8_vnni`` (from a compiled graph)."""
+    N, K = qweight.shape
+    y = torch.empty(x.shape[0], N)
+    if _library().inferlab_int8_gemv(x.data_ptr(), x.shape[0], K, qweight.data_ptr(), scales.data_ptr(), N,
+                                     y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("inferlab: the int8 kernel could not allocate its activation buffer")
+    return y
+
+
+def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              group_size: int) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) -> [M, N]: as :func:`int8_gemv`, op ``inferlab.int4_vnni``."""
+    N, K = qweight.shape[0], 2 * qweight.shape[1]
+    y = torch.empty(x.shape[0], N)
+    if _library().inferlab_int4_gemv(x.data_ptr(), x.shape[0], K, qweight.data_ptr(), scales.data_ptr(),
+                                     zeros.data_ptr(), N, group_size, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("inferlab: the int4 kernel could not allocate its activation buffers")
+    return y
+
+
+_OPS = {int8_gemv: torch.library.custom_op("inferlab::int8_vnni", int8_gemv, mutates_args=()),
+        int4_gemv: torch.library.custom_op("inferlab::int4_vnni", int4_gemv, mutates_args=())}
+for _op in _OPS.values():  # the output's shape, for tracing: [rows, N]
+    _op.register_fake(lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0]))
+
+
+def _call(fn, x: torch.Tensor, *args) -> torch.Tensor:
+    """``fn`` on x viewed as [rows, K] float32: directly when eager (no dispatcher: microseconds
+    count at this size), as its custom op inside a compiled step."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype != torch.float32 or not x2.is_contiguous():
+        x2 = x2.float().contiguous()
+    y = _OPS[fn](x2, *args) if torch.compiler.is_compiling() else fn(x2, *args)
+    y = y if x.dtype == torch.float32 else y.to(x.dtype)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """x [..., K] @ (qweight [N, K] int8 * scales [N] fp16)^T with int8 activations; None: not here."""
+    if scales.dtype != torch.float16 or not (qweight.is_contiguous() and _usable(x, qweight)):
+        return None
+    return _call(int8_gemv, x, qweight, scales)
+
+
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                group_size: int) -> torch.Tensor | None:
+    """x [..., K] @ w^T for the ``inferlab.quant.int4`` layout (groups of a multiple of 128) with
+    int8 activations per group; None: not here."""
+    if group_size % 128 or scales.dtype != torch.float16 or zeros.dtype != torch.uint8 \
+            or not (qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous()) \
+            or not _usable(x, qweight):
+        return None
+    return _call(int4_gemv, x, qweight, scales, zeros, group_size)

@@ -1,0 +1,134 @@
+"""The VNNI int8/int4 decode loops (``inferlab/quant/vnni.c``) against the dequantize-then-matmul
+reference and against the same integer arithmetic written in torch.
+
+The loops quantize the activations to int8 before multiplying, so they differ from the reference by
+that rounding only: at most ``sum_k |w_nk| * xs / 2`` per output, where xs is the activation scale
+of the row (INT8) or group (INT4). The torch model of the arithmetic (``_w8a8``, ``_w4a8``) must
+match to float rounding: it catches swapped nibbles, a lost zero point, a wrong group's scale or a
+short tail, which the looser bound could hide. Skipped on CPUs without AVX-512 VNNI."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from inferlab.quant import Int4Linear, Int8Linear, fused, vnni
+
+needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
+
+
+def _codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n] -> (int8 codes, scale [..., 1]) the way vnni.c rounds: x * (127 / amax), half to even."""
+    amax = x.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return torch.round(x * inv), amax / 127
+
+
+def _w8a8(x: torch.Tensor, mod: Int8Linear) -> torch.Tensor:
+    xq, xs = _codes(x)
+    dot = xq.double() @ mod.qweight.double().t()  # exact: integers below 2^53
+    return dot.float() * xs * mod.scales.float()
+
+
+def _w4a8(x: torch.Tensor, mod: Int4Linear) -> torch.Tensor:
+    M, K = x.shape
+    G = K // mod.group_size
+    xq, xs = _codes(x.view(M, G, mod.group_size))
+    q = torch.stack((mod.qweight & 15, mod.qweight >> 4), -1).flatten(-2).view(-1, G, mod.group_size)
+    dot = torch.einsum("mgk,ngk->mng", xq.double(), q.double()) - mod.zeros.double() * xq.double().sum(-1)[:, None]
+    return (dot.float() * xs.view(M, 1, G) * mod.scales.float()).sum(-1)
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
+    """sum_k |w_nk| * xs_g(k) / 2 for each row of x: the activations' rounding, the only difference allowed."""
+    M, K = x.shape
+    xs = x.view(M, K // group, group).abs().amax(-1) / 127  # [M, G]
+    return (w.abs().view(w.shape[0], K // group, group).sum(-1) * xs[:, None, :]).sum(-1) / 2  # [M, N]
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 3, fused.MAX_ROWS])
+@pytest.mark.parametrize("k", [256, 200])  # 200: a tail shorter than one 64-byte vector
+def test_int8_matches_its_arithmetic_and_the_reference(rows, k):
+    torch.manual_seed(rows + k)
+    mod = Int8Linear.from_float(nn.Linear(k, 40, bias=True))
+    x = torch.randn(rows, k)
+    x[0, :5] = 0.0
+    with torch.inference_mode():
+        out, ref = mod(x), mod.forward_reference(x)
+    torch.testing.assert_close(out - mod.bias, _w8a8(x, mod), rtol=1e-5, atol=1e-5)
+    assert ((out - ref).abs() <= _bound(x, mod.dequantize(), k) + 1e-5).all()
+    assert (out - ref).abs().max() > 0  # the loop ran (the reference has no activation rounding)
+
+
+@needs_vnni
+@pytest.mark.parametrize("group,bits", [(128, 4), (256, 4), (128, 3)])
+@pytest.mark.parametrize("rows", [1, 2, fused.MAX_ROWS])
+def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
+    torch.manual_seed(group + rows)
+    mod = Int4Linear.from_float(nn.Linear(512, 48, bias=False), group, bits)
+    x = torch.randn(rows, 512) * torch.linspace(0.1, 3, 512)  # groups of different scales
+    with torch.inference_mode():
+        out, ref = mod(x), mod.forward_reference(x)
+    torch.testing.assert_close(out, _w4a8(x, mod), rtol=1e-4, atol=1e-4)
+    assert ((out - ref).abs() <= _bound(x, mod.dequantize(), group) + 1e-4).all()
+    assert (out - ref).abs().max() > 0
+
+
+@needs_vnni
+def test_int4_act_order_permutes_before_the_loop():
+    torch.manual_seed(0)
+    mod = Int4Linear.from_float(nn.Linear(256, 32, bias=True), 128)
+    mod.perm = torch.randperm(256).to(torch.int32)
+    x = torch.randn(2, 256)
+    with torch.inference_mode():
+        out, ref = mod(x), mod.forward_reference(x)
+    xp = x[:, mod.perm.long()]
+    torch.testing.assert_close(out - mod.bias, _w4a8(xp, mod), rtol=1e-4, atol=1e-4)
+    assert ((out - ref).abs() <= _bound(xp, mod.dequantize(), 128) + 1e-4).all()
+
+
+@needs_vnni
+def test_other_group_sizes_modes_and_many_rows_leave_the_loop(monkeypatch):
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 32)
+    x = torch.randn(1, 256)
+    g64 = Int4Linear.from_float(lin, 64)  # not a multiple of 128: the compiled product
+    assert vnni.int4_linear(x, g64.qweight, g64.scales, g64.zeros, 64) is None
+    g128 = Int4Linear.from_float(lin, 128)
+    assert vnni.int4_linear(torch.randn(fused.MAX_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
+    monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
+    assert vnni.int4_linear(x, g128.qweight, g128.scales, g128.zeros, 128) is None
+    with torch.inference_mode():  # and the compiled product is exact where the loop is not
+        torch.testing.assert_close(g128(x), g128.forward_reference(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_vnni
+def test_a_compiled_graph_calls_the_loops_as_ops():
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 32)
+    m8, m4 = Int8Linear.from_float(lin), Int4Linear.from_float(lin, 128)
+    x = torch.randn(1, 256)
+    with torch.inference_mode():
+        eager = m8(x) + 2 * m4(x)
+        compiled = torch.compile(lambda x: m8(x) + 2 * m4(x), fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    monkeypatch.setattr(vnni.platform, "machine", lambda: "x86_64")
+    vnni._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="inferlab.quant.vnni"):
+            assert not vnni.available() and not vnni.available()
+        mod = Int4Linear.from_float(nn.Linear(256, 16), 128)
+        x = torch.randn(1, 256)
+        with torch.inference_mode():
+            torch.testing.assert_close(mod(x), mod.forward_reference(x), rtol=1e-5, atol=1e-5)
+    finally:
+        vnni._library.cache_clear()
+    said = [r for r in caplog.records if "did not build" in r.getMessage()]
+    assert len(said) == 1
+    assert not list(tmp_path.rglob("*.so"))  # nothing half-written left in the cache
