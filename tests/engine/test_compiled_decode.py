@@ -25,6 +25,19 @@ def test_compiled_decode_gives_the_eager_tokens():
     assert eager.llm_engine.runner.compiled is None  # the default stays eager
 
 
+@pytest.mark.slow
+def test_a_quantized_model_compiles_its_decode_step_too():
+    """INT4's decode products join the graph (the VNNI loop as a custom op, or inductor's expression
+    where the CPU has no VNNI): the same tokens as the eager quantized engine, run compiled."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (10, 6)]
+    eager = LLM(model="target", device="cpu", quantization="int4")
+    want = [o.outputs[0].token_ids for o in eager.generate(PROMPTS[:2], params)]
+    llm = LLM(model="target", device="cpu", quantization="int4", enforce_eager=False)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], params)]
+    assert got == want
+    assert llm.llm_engine.runner.compiled_batch_sizes >= {2, 1}
+
+
 def test_a_hooked_projection_keeps_the_step_eager():
     """A forward hook (calibration, a probe) must see its calls: the runner then runs eagerly."""
     llm = LLM(model="target", device="cpu")
