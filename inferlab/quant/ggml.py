@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.quant import fused
+from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantizationError, QuantLinear
 
 BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144)}  # values per block, bytes per block
@@ -177,3 +177,11 @@ class GGMLLinear(QuantLinear):
 
     def fused(self):
         return FUSED[self.ggml_type], self.qweight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode on an x86 CPU with AVX-512 VNNI: Q8_0 and Q4_0 run the integer dot products of
+        ``inferlab.quant.vnni``; elsewhere (Q4_K, other CPUs, prefill) the base class's paths."""
+        y = vnni.ggml_linear(x, self.qweight, self.ggml_type)
+        if y is None:
+            return super().forward(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)

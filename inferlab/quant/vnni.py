@@ -1,11 +1,12 @@
-"""INT8 and INT4 decode products on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
+"""INT8, INT4, Q8_0 and Q4_0 decode products on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
 
 Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
 multiply-add, three or more instructions per weight, which one core runs slower than memory can
 feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 plus ~30 us of
 eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
 the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
-activations are quantized to int8 first (per row for INT8, per group for INT4): the result differs
+activations are quantized to int8 first (per row for INT8, per group for INT4, per block of 32 for
+Q8_0 and Q4_0): the result differs
 from dequantize-then-matmul by that rounding, at most ``sum_k |w_k| * xs / 2`` per output.
 
 The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
@@ -74,6 +75,7 @@ def _library():
         return None
     lib.inferlab_int8_gemv.argtypes = [_P, _I, _I, _P, _P, _I, _P, _I]
     lib.inferlab_int4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
+    lib.inferlab_q8_0_gemv.argtypes = lib.inferlab_q4_0_gemv.argtypes = [_P, _I, _I, _P, _I, _P, _I]
     return lib
 
 
@@ -116,8 +118,22 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     return y
 
 
-_OPS = {int8_gemv: torch.library.custom_op("inferlab::int8_vnni", int8_gemv, mutates_args=()),
-        int4_gemv: torch.library.custom_op("inferlab::int4_vnni", int4_gemv, mutates_args=())}
+def _blocks(name: str):
+    def gemv(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(x.shape[0], qweight.shape[0])
+        if getattr(_library(), f"inferlab_{name}_gemv")(x.data_ptr(), x.shape[0], x.shape[1], qweight.data_ptr(),
+                                                         qweight.shape[0], y.data_ptr(), torch.get_num_threads()):
+            raise MemoryError(f"inferlab: the {name} kernel could not allocate its activation buffers")
+        return y
+    gemv.__name__ = gemv.__qualname__ = f"{name}_gemv"
+    gemv.__doc__ = f"x [M, K] float32 (contiguous) -> [M, N] for llama.cpp {name.upper()} rows, op ``inferlab.{name}_vnni``."
+    return gemv
+
+
+q8_0_gemv, q4_0_gemv = _blocks("q8_0"), _blocks("q4_0")
+BLOCK_GEMV = {"q8_0": q8_0_gemv, "q4_0": q4_0_gemv}  # the llama.cpp block types with a loop here
+_OPS = {fn: torch.library.custom_op(f"inferlab::{fn.__name__.replace('_gemv', '')}_vnni", fn, mutates_args=())
+        for fn in (int8_gemv, int4_gemv, q8_0_gemv, q4_0_gemv)}
 for _op in _OPS.values():  # the output's shape, for tracing: [rows, N]
     _op.register_fake(lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0]))
 
@@ -149,3 +165,12 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
             or not _usable(x, qweight):
         return None
     return _call(int4_gemv, x, qweight, scales, zeros, group_size)
+
+
+def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor | None:
+    """x [..., K] @ w^T for rows of llama.cpp Q8_0 or Q4_0 blocks, activations quantized per block of
+    32 (llama.cpp's own scheme); None: another block type, or not here."""
+    fn = BLOCK_GEMV.get(ggml_type)
+    if fn is None or not (qweight.is_contiguous() and _usable(x, qweight)):
+        return None
+    return _call(fn, x, qweight)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.quant import Int4Linear, Int8Linear, fused, vnni
+from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, fused, vnni
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
 
@@ -72,6 +72,23 @@ def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
         out, ref = mod(x), mod.forward_reference(x)
     torch.testing.assert_close(out, _w4a8(x, mod), rtol=1e-4, atol=1e-4)
     assert ((out - ref).abs() <= _bound(x, mod.dequantize(), group) + 1e-4).all()
+    assert (out - ref).abs().max() > 0
+
+
+@needs_vnni
+@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("rows", [1, fused.MAX_ROWS])
+def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, rows):
+    """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
+    torch.manual_seed(rows)
+    mod = GGMLLinear.from_float(nn.Linear(256, 40, bias=True), ggml_type)
+    x = torch.randn(rows, 256) * torch.linspace(0.1, 3, 256)
+    xq, xs = _codes(x.view(rows, 8, 32))
+    with torch.inference_mode():
+        out, ref = mod(x), mod.forward_reference(x)
+        model = (xq * xs).view(rows, 256) @ mod.dequantize().t()
+    torch.testing.assert_close(out - mod.bias, model, rtol=1e-4, atol=1e-4)
+    assert ((out - ref).abs() <= _bound(x, mod.dequantize(), 32) + 1e-4).all()
     assert (out - ref).abs().max() > 0
 
 
