@@ -179,8 +179,8 @@ class GGMLLinear(QuantLinear):
         return FUSED[self.ggml_type], self.qweight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode on an x86 CPU with AVX-512 VNNI: Q8_0 and Q4_0 run the integer dot products of
-        ``inferlab.quant.vnni``; elsewhere (Q4_K, other CPUs, prefill) the base class's paths."""
+        """Decode on an x86 CPU with AVX-512 VNNI runs the integer dot products of
+        ``inferlab.quant.vnni``; elsewhere (other CPUs, prefill) the base class's paths."""
         y = vnni.ggml_linear(x, self.qweight, self.ggml_type)
         if y is None:
             return super().forward(x)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.quant import fused
+from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantizationError, QuantLinear
 
 # The NF4 code values published with QLoRA (and used by bitsandbytes).
@@ -71,3 +71,11 @@ class NF4Linear(QuantLinear):
         if self.in_features % self.blocksize:  # blocks that straddle rows: only the reference
             return None
         return fused.nf4_matmul, self.qweight, self.absmax, NF4_CODE.to(self.qweight.device), self.blocksize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode on an x86 CPU with AVX-512: ``inferlab.quant.vnni``'s table-lookup loop (exact, in
+        float); elsewhere the base class's paths."""
+        y = vnni.nf4_linear(x, self.qweight, self.absmax, NF4_CODE, self.blocksize)
+        if y is None:
+            return super().forward(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)

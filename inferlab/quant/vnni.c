@@ -229,3 +229,91 @@ VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight
     free(xq); free(xs); free(xsum);
     return 0;
 }
+
+/* Q4_K: 144-byte super-blocks of 256 (d, dmin, 12 bytes of 6-bit sub-block scales and mins, 128
+   bytes of codes); sub-block j of 32 has w = d * sc_j * q - dmin * m_j, and 32-byte chunk i holds
+   sub-block 2i in its low nibbles and 2i + 1 in its high ones (inferlab/quant/ggml.py). */
+VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    const int S = K / 256, B = K / 32, row_bytes = S * 144;
+    uint8_t *xq; float *xs; int32_t *xsum;
+    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *row = qweight + (size_t)n * row_bytes;
+        for (int m = 0; m < M; m++) {
+            __m256 acc = _mm256_setzero_ps();
+            float mins = 0.f;
+            for (int s = 0; s < S; s++) {
+                const uint8_t *sb = row + s * 144, *q6 = sb + 4;
+                _mm_prefetch((const char *)(sb + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+                _mm_prefetch((const char *)(sb + 64 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+                _mm_prefetch((const char *)(sb + 128 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+                const float d = f16_at(sb), dmin = f16_at(sb + 2);
+                for (int i = 0; i < 4; i++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
+                    for (int h = 0; h < 2; h++) {
+                        const int j = 2 * i + h, blk = s * 8 + j;
+                        const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
+                        const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                        __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
+                        __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + blk * 32));
+                        __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
+                        const float xsb = xs[m * B + blk];
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * sc * xsb), acc);
+                        mins += dmin * mn * xsb * (float)xsum[m * B + blk];
+                    }
+                }
+            }
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            y[(size_t)m * N + n] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))) - mins;
+        }
+    }
+    free(xq); free(xs); free(xsum);
+    return 0;
+}
+
+/* NF4 (bitsandbytes' layout): byte i of the flattened weight holds code 2i in its high nibble and
+   2i + 1 in its low one, blocks of `blocksize` values (a multiple of 32 dividing K) share a float
+   absmax. The 16 code values sit in one register and vpermps looks 16 of them up at once; the
+   product stays in float (no activation rounding): even-column codes meet the even activations. */
+__attribute__((target("avx512f,fma")))
+int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
+                      const float *code, int N, int blocksize, float *y, int nthreads) {
+    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 32;
+    float *xe = malloc(sizeof(float) * M * K);
+    if (!xe) return -1;
+    float *xo = xe + (size_t)M * half;
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < half; i++) {
+            xe[(size_t)m * half + i] = x[(size_t)m * K + 2 * i];
+            xo[(size_t)m * half + i] = x[(size_t)m * K + 2 * i + 1];
+        }
+    const __m512 table = _mm512_loadu_ps(code);
+    const __m512i low = _mm512_set1_epi32(15);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *row = qweight + (size_t)n * half;
+        for (int m = 0; m < M; m++) {
+            const float *em = xe + (size_t)m * half, *om = xo + (size_t)m * half;
+            __m512 acc = _mm512_setzero_ps();
+            for (int b = 0; b < blocks; b++) {
+                __m512 part = _mm512_setzero_ps();
+                for (int t = 0; t < steps; t++) {
+                    const int off = b * blocksize / 2 + t * 16;
+                    _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + off)));
+                    __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+                    __m512 wo = _mm512_permutexvar_ps(_mm512_and_si512(v, low), table);
+                    part = _mm512_fmadd_ps(we, _mm512_loadu_ps(em + off), part);
+                    part = _mm512_fmadd_ps(wo, _mm512_loadu_ps(om + off), part);
+                }
+                acc = _mm512_fmadd_ps(part, _mm512_set1_ps(absmax[(size_t)n * blocks + b]), acc);
+            }
+            y[(size_t)m * N + n] = _mm512_reduce_add_ps(acc);
+        }
+    }
+    free(xe);
+    return 0;
+}

@@ -1,4 +1,4 @@
-"""INT8, INT4, Q8_0 and Q4_0 decode products on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
+"""Decode products for every quantized format on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
 
 Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
 multiply-add, three or more instructions per weight, which one core runs slower than memory can
@@ -6,7 +6,7 @@ feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 pl
 eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
 the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
 activations are quantized to int8 first (per row for INT8, per group for INT4, per block of 32 for
-Q8_0 and Q4_0): the result differs
+llama.cpp's blocks): the result differs
 from dequantize-then-matmul by that rounding, at most ``sum_k |w_k| * xs / 2`` per output.
 
 The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
@@ -75,7 +75,9 @@ def _library():
         return None
     lib.inferlab_int8_gemv.argtypes = [_P, _I, _I, _P, _P, _I, _P, _I]
     lib.inferlab_int4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
-    lib.inferlab_q8_0_gemv.argtypes = lib.inferlab_q4_0_gemv.argtypes = [_P, _I, _I, _P, _I, _P, _I]
+    lib.inferlab_nf4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
+    for name in BLOCK_GEMV:
+        getattr(lib, f"inferlab_{name}_gemv").argtypes = [_P, _I, _I, _P, _I, _P, _I]
     return lib
 
 
@@ -130,12 +132,25 @@ def _blocks(name: str):
     return gemv
 
 
-q8_0_gemv, q4_0_gemv = _blocks("q8_0"), _blocks("q4_0")
-BLOCK_GEMV = {"q8_0": q8_0_gemv, "q4_0": q4_0_gemv}  # the llama.cpp block types with a loop here
+BLOCK_GEMV = {name: _blocks(name) for name in ("q8_0", "q4_0", "q4_k")}  # llama.cpp block types with a loop here
+
+
+def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+             blocksize: int) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) -> [M, N] for NF4 codes, op ``inferlab.nf4_vnni``."""
+    N = absmax.shape[0] * blocksize // x.shape[1]
+    y = torch.empty(x.shape[0], N)
+    if _library().inferlab_nf4_gemv(x.data_ptr(), x.shape[0], x.shape[1], qweight.data_ptr(), absmax.data_ptr(),
+                                    code.data_ptr(), N, blocksize, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("inferlab: the nf4 kernel could not allocate its activation buffers")
+    return y
+
+
 _OPS = {fn: torch.library.custom_op(f"inferlab::{fn.__name__.replace('_gemv', '')}_vnni", fn, mutates_args=())
-        for fn in (int8_gemv, int4_gemv, q8_0_gemv, q4_0_gemv)}
-for _op in _OPS.values():  # the output's shape, for tracing: [rows, N]
-    _op.register_fake(lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0]))
+        for fn in (int8_gemv, int4_gemv, nf4_gemv, *BLOCK_GEMV.values())}
+for _fn, _op in _OPS.items():  # the output's shape, for tracing: [rows, N]
+    _op.register_fake((lambda x, q, absmax, code, bs: x.new_empty(x.shape[0], absmax.shape[0] * bs // x.shape[1]))
+                      if _fn is nf4_gemv else (lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0])))
 
 
 def _call(fn, x: torch.Tensor, *args) -> torch.Tensor:
@@ -168,9 +183,21 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 
 def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor | None:
-    """x [..., K] @ w^T for rows of llama.cpp Q8_0 or Q4_0 blocks, activations quantized per block of
-    32 (llama.cpp's own scheme); None: another block type, or not here."""
+    """x [..., K] @ w^T for rows of llama.cpp Q8_0, Q4_0 or Q4_K blocks, activations quantized per
+    block of 32 (llama.cpp's own scheme); None: another block type, or not here."""
     fn = BLOCK_GEMV.get(ggml_type)
     if fn is None or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(fn, x, qweight)
+
+
+def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+               blocksize: int) -> torch.Tensor | None:
+    """x [..., K] @ w^T for NF4 blocks that do not straddle rows (a multiple of 32 dividing K), in
+    float: the 16 code values are looked up in a register; None: not here."""
+    K = x.shape[-1]
+    if blocksize % 32 or K % blocksize or absmax.dtype != torch.float32 or code.dtype != torch.float32 \
+            or not (qweight.is_contiguous() and absmax.is_contiguous() and code.is_contiguous()) \
+            or not _usable(x, qweight):
+        return None
+    return _call(nf4_gemv, x, qweight, absmax, code, blocksize)

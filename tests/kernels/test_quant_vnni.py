@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, fused, vnni
+from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused, vnni
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
 
@@ -76,7 +76,7 @@ def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
 
 
 @needs_vnni
-@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_k"])
 @pytest.mark.parametrize("rows", [1, fused.MAX_ROWS])
 def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, rows):
     """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
@@ -90,6 +90,22 @@ def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, ro
     torch.testing.assert_close(out - mod.bias, model, rtol=1e-4, atol=1e-4)
     assert ((out - ref).abs() <= _bound(x, mod.dequantize(), 32) + 1e-4).all()
     assert (out - ref).abs().max() > 0
+
+
+@needs_vnni
+@pytest.mark.parametrize("blocksize,rows", [(64, 1), (128, 3)])
+def test_nf4_is_exact(blocksize, rows, monkeypatch):
+    """NF4's loop looks the code values up in float and rounds no activation: the reference's
+    product up to summation order, without dequantizing."""
+    torch.manual_seed(blocksize)
+    mod = NF4Linear.from_float(nn.Linear(256, 24, bias=True), blocksize)
+    x = torch.randn(rows, 256)
+    with torch.inference_mode():
+        ref = mod.forward_reference(x)
+        monkeypatch.setattr(mod, "dequantize", lambda: pytest.fail("the loop dequantized the weight"))
+        out = mod(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert vnni.nf4_linear(x, mod.qweight, mod.absmax, torch.zeros(16), blocksize).abs().max() == 0  # it reads the table
 
 
 @needs_vnni
