@@ -3,7 +3,8 @@
 A quantized linear keeps only its packed codes and their scales. ``forward_reference`` rebuilds
 the weight for the moment of the product (dequantize-then-matmul): readable, and the reference the
 fast paths are tested against, but it writes and re-reads an fp32 weight, so it is slower than fp32.
-``forward`` runs a path that reads the packed bytes directly: for a few rows (decode), the compiled
+``forward`` runs a path that reads the packed bytes directly: for a few rows (decode), the
+AVX-512 VNNI loops of ``inferlab.quant.vnni`` on x86 CPUs that have them, else the compiled
 dequantize-inside-the-reduction products of ``inferlab.quant.fused``; on a GPU with 4-bit codes,
 the W4A16 Triton kernel (``inferlab.kernels.w4a16_matmul``). Elsewhere (prefill, many rows) it falls back
 to the reference, where the one dequantization is shared by many rows.

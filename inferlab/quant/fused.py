@@ -13,8 +13,8 @@ Group-wise formats use the distributive law to take the zero point out of the in
 
 Where compiling is impossible (no C++ compiler, an unsupported platform), :func:`fused_call` says
 so once and returns None; the caller then uses the reference. ``INFERLAB_QUANT_KERNEL=eager``
-forces the reference everywhere (to compare, or to debug). On x86 CPUs with AVX-512 VNNI, INT8 and
-INT4 decode run ``inferlab.quant.vnni``'s integer dot products instead (faster: see there).
+forces the reference everywhere (to compare, or to debug). On x86 CPUs with AVX-512 VNNI, decode
+runs ``inferlab.quant.vnni``'s hand-written loops instead (faster: see there).
 """
 from __future__ import annotations
 

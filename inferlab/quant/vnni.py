@@ -6,8 +6,9 @@ feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 pl
 eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
 the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
 activations are quantized to int8 first (per row for INT8, per group for INT4, per block of 32 for
-llama.cpp's blocks): the result differs
-from dequantize-then-matmul by that rounding, at most ``sum_k |w_k| * xs / 2`` per output.
+llama.cpp's blocks): the result differs from dequantize-then-matmul by that rounding, at most
+``sum_k |w_k| * xs / 2`` per output. NF4's 16 code values are floats, not a grid: its loop looks
+them up in a register (``vpermps``) and multiplies in float, so NF4 stays exact.
 
 The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
 (``INFERLAB_CACHE``), keyed by its hash, and loaded with ctypes. Where there is no compiler, no
