@@ -12,7 +12,8 @@ them up in a register (``vpermps``) and multiplies in float, so NF4 stays exact.
 
 The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
 (``INFERLAB_CACHE``), keyed by its hash, and loaded with ctypes. Where there is no compiler, no
-x86 CPU with AVX-512 VNNI, or ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager``,
+x86 CPU with AVX-512 VNNI, ``ATEN_CPU_CAPABILITY`` asks torch for kernels below AVX-512 (so the
+process behaves as on such a CPU), or ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager``,
 :func:`available` is False and the callers use the compiled products or the reference.
 """
 from __future__ import annotations
@@ -66,6 +67,8 @@ def _library():
     """The loaded library, or None where it cannot run here (said once, in the log)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
         return None
+    if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("default", "avx2", "zvector", "vsx"):
+        return None  # the process asked torch for kernels below AVX-512: it runs as on such a CPU
     try:
         lib = ctypes.CDLL(str(_build(SOURCE)))
     except (OSError, subprocess.SubprocessError) as e:

@@ -148,6 +148,15 @@ def test_a_compiled_graph_calls_the_loops_as_ops():
     torch.testing.assert_close(compiled, eager)
 
 
+def test_torch_capped_below_avx512_means_no_vnni_loops(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # as the rounding-change pass over the notebooks does
+    vnni._library.cache_clear()
+    try:
+        assert not vnni.available()
+    finally:
+        vnni._library.cache_clear()
+
+
 def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
