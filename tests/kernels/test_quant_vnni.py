@@ -47,7 +47,7 @@ def _bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
 
 
 @needs_vnni
-@pytest.mark.parametrize("rows", [1, 3, fused.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, vnni.MAX_ROWS])
 @pytest.mark.parametrize("k", [256, 200])  # 200: a tail shorter than one 64-byte vector
 def test_int8_matches_its_arithmetic_and_the_reference(rows, k):
     torch.manual_seed(rows + k)
@@ -63,7 +63,7 @@ def test_int8_matches_its_arithmetic_and_the_reference(rows, k):
 
 @needs_vnni
 @pytest.mark.parametrize("group,bits", [(128, 4), (256, 4), (128, 3)])
-@pytest.mark.parametrize("rows", [1, 2, fused.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, vnni.MAX_ROWS])
 def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
     torch.manual_seed(group + rows)
     mod = Int4Linear.from_float(nn.Linear(512, 48, bias=False), group, bits)
@@ -77,7 +77,7 @@ def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
 
 @needs_vnni
 @pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_k"])
-@pytest.mark.parametrize("rows", [1, fused.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, vnni.MAX_ROWS])
 def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, rows):
     """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
     torch.manual_seed(rows)
@@ -129,7 +129,7 @@ def test_other_group_sizes_modes_and_many_rows_leave_the_loop(monkeypatch):
     g64 = Int4Linear.from_float(lin, 64)  # not a multiple of 128: the compiled product
     assert vnni.int4_linear(x, g64.qweight, g64.scales, g64.zeros, 64) is None
     g128 = Int4Linear.from_float(lin, 128)
-    assert vnni.int4_linear(torch.randn(fused.MAX_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
+    assert vnni.int4_linear(torch.randn(vnni.MAX_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
     monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
     assert vnni.int4_linear(x, g128.qweight, g128.scales, g128.zeros, 128) is None
     with torch.inference_mode():  # and the compiled product is exact where the loop is not
