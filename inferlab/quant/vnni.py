@@ -5,10 +5,12 @@ multiply-add, three or more instructions per weight, which one core runs slower 
 feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 plus ~30 us of
 eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
 the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
-activations are quantized to int8 first (per row for INT8, per group for INT4, per block of 32 for
-llama.cpp's blocks): the result differs from dequantize-then-matmul by that rounding, at most
-``sum_k |w_k| * xs / 2`` per output. NF4's 16 code values are floats, not a grid: its loop looks
-them up in a register (``vpermps``) and multiplies in float, so NF4 stays exact.
+activations are quantized first: to int8 per group of 128 for INT4 and per block of 32 for the
+llama.cpp blocks (llama.cpp's own scheme), so the result differs from dequantize-then-matmul by
+that rounding, at most ``sum_k |w_k| * xs / 2`` per output; INT8 keeps 16-bit activation codes
+(``vpdpwssd``), which leave its products within about 1e-5 of the float ones. NF4's 16 code
+values are floats, not a grid: its loop looks them up in a register (``vpermps``) and multiplies
+in float, so NF4 stays exact.
 
 The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
 (``INFERLAB_CACHE``), keyed by its hash, and loaded with ctypes. Where there is no compiler, no
@@ -173,8 +175,9 @@ def _call(fn, x: torch.Tensor, *args) -> torch.Tensor:
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
-    """x [..., K] @ (qweight [N, K] int8 * scales [N] fp16)^T with int8 activations; None: not here."""
-    if scales.dtype != torch.float16 or not (qweight.is_contiguous() and _usable(x, qweight)):
+    """x [..., K] @ (qweight [N, K] int8 * scales [N] fp16)^T with int16 activations per block of 32
+    (K a multiple of 32); None: not here."""
+    if x.shape[-1] % 32 or scales.dtype != torch.float16 or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(int8_gemv, x, qweight, scales)
 

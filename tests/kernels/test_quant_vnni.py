@@ -17,17 +17,18 @@ from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused,
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
 
 
-def _codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., n] -> (int8 codes, scale [..., 1]) the way vnni.c rounds: x * (127 / amax), half to even."""
+def _codes(x: torch.Tensor, top: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n] -> (codes, scale [..., 1]) the way vnni.c rounds: x * (top / amax), half to even."""
     amax = x.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return torch.round(x * inv), amax / 127
+    inv = torch.where(amax > 0, top / amax, torch.zeros_like(amax))
+    return torch.round(x * inv), amax / top
 
 
 def _w8a8(x: torch.Tensor, mod: Int8Linear) -> torch.Tensor:
-    xq, xs = _codes(x)
-    dot = xq.double() @ mod.qweight.double().t()  # exact: integers below 2^53
-    return dot.float() * xs * mod.scales.float()
+    M, K = x.shape
+    xq, xs = _codes(x.view(M, K // 32, 32), 32767)  # 16-bit codes, one scale per block of 32
+    dot = torch.einsum("mbk,nbk->mnb", xq.double(), mod.qweight.view(-1, K // 32, 32).double())  # exact
+    return (dot.float() * xs.view(M, 1, K // 32)).sum(-1) * mod.scales.float()
 
 
 def _w4a8(x: torch.Tensor, mod: Int4Linear) -> torch.Tensor:
@@ -48,17 +49,23 @@ def _bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
 
 @needs_vnni
 @pytest.mark.parametrize("rows", [1, 3, vnni.MAX_ROWS])
-@pytest.mark.parametrize("k", [256, 200])  # 200: a tail shorter than one 64-byte vector
+@pytest.mark.parametrize("k", [256, 96])  # 96: three blocks of 32, not a whole 64-byte vector
 def test_int8_matches_its_arithmetic_and_the_reference(rows, k):
+    """16-bit activations: the float product to ~1e-5 of each block's largest activation."""
     torch.manual_seed(rows + k)
     mod = Int8Linear.from_float(nn.Linear(k, 40, bias=True))
-    x = torch.randn(rows, k)
+    x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # blocks of different scales
     x[0, :5] = 0.0
     with torch.inference_mode():
         out, ref = mod(x), mod.forward_reference(x)
     torch.testing.assert_close(out - mod.bias, _w8a8(x, mod), rtol=1e-5, atol=1e-5)
-    assert ((out - ref).abs() <= _bound(x, mod.dequantize(), k) + 1e-5).all()
-    assert (out - ref).abs().max() > 0  # the loop ran (the reference has no activation rounding)
+    bound = (mod.dequantize().abs() @ x.view(rows, k // 32, 32).abs().amax(-1).repeat_interleave(32, -1).t()).t()
+    assert ((out - ref).abs() <= bound / 32767 / 2 + 1e-5).all()
+
+
+def test_int8_widths_off_the_block_size_leave_the_loop():
+    mod = Int8Linear.from_float(nn.Linear(200, 8))
+    assert vnni.int8_linear(torch.randn(1, 200), mod.qweight, mod.scales) is None
 
 
 @needs_vnni
