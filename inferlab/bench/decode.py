@@ -36,6 +36,7 @@ GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
     ("random-80m", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
     ("random-80m", "int8 >= 0.8x llama.cpp Q8_0", ("int8", "engine", "q8_0", "llama.cpp"), 0.8),
+    ("random-80m", "int8, compiled step >= 0.8x llama.cpp Q8_0", ("int8", "compiled", "q8_0", "llama.cpp"), 0.8),
     ("random-80m", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
     ("random-80m", "int8, compiled step >= 2x fp32, compiled step", ("int8", "compiled", "fp32", "compiled"), 2.0),
     ("random-80m", "int4, compiled step >= 3x fp32, compiled step", ("int4", "compiled", "fp32", "compiled"), 3.0),
