@@ -78,7 +78,7 @@ def _library():
     try:
         lib = ctypes.CDLL(str(_build(SOURCE)))
     except (OSError, subprocess.SubprocessError) as e:
-        log.warning("inferlab: the VNNI int8/int4 kernels did not build (%s); using the compiled products", e)
+        log.warning("inferlab: the VNNI decode loops did not build (%s); quantized linears use the compiled products", e)
         return None
     if not lib.inferlab_vnni_supported():
         log.info("inferlab: this CPU has no AVX-512 VNNI; quantized linears use the compiled products")
@@ -177,7 +177,8 @@ def _call(fn, x: torch.Tensor, *args) -> torch.Tensor:
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [..., K] @ (qweight [N, K] int8 * scales [N] fp16)^T with int16 activations per block of 32
     (K a multiple of 32); None: not here."""
-    if x.shape[-1] % 32 or scales.dtype != torch.float16 or not (qweight.is_contiguous() and _usable(x, qweight)):
+    if x.shape[-1] % 32 or scales.dtype != torch.float16 \
+            or not (qweight.is_contiguous() and scales.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(int8_gemv, x, qweight, scales)
 
