@@ -1,15 +1,18 @@
-/* Integer dot products for decode on x86 CPUs with AVX-512 VNNI: the loops llama.cpp runs for
-   Q8_0 and Q4_0, here for inferlab's INT8 (per-channel) and INT4 (group-wise, asymmetric) layouts.
+/* Decode loops for every quantized format on x86 CPUs with AVX-512 VNNI: the kind of loops llama.cpp
+   runs for its blocks, here for inferlab's INT8 (per channel), INT4 (group-wise, asymmetric), NF4
+   (bitsandbytes' layout) and llama.cpp's own Q8_0, Q4_0 and Q4_K rows.
 
    A decode step multiplies a few activation rows by each weight matrix; its time is the time to
    read the weights. Dequantizing a weight to floats costs several instructions per weight, which
    on one core is slower than memory. VNNI's vpdpbusd multiplies 64 unsigned bytes by 64 signed
    bytes and adds each group of four products into one of 16 int32 lanes: one instruction for 64
-   weights. So the activations are quantized to int8 first (one scale per row, or per group for
-   INT4), the integer dot products run on the codes as stored, and the scales are applied once
-   per row or group. inferlab/quant/vnni.py builds this file with the system C compiler, loads it
-   with ctypes and checks the CPU; inferlab/quant/fused.py holds the torch expressions it replaces,
-   and every quantized linear's dequantize-then-matmul stays the reference both are tested against.
+   weights (vpdpwssd: 32 pairs of int16). So the activations are quantized to integers first (int8
+   per group or block of 32; int16 per block of 32 for INT8), the integer dot products run on the
+   codes as stored, and the scales are applied once per block. NF4's codes index a table of floats:
+   its loop looks them up in a register and stays in float. inferlab/quant/vnni.py builds this file
+   with the system C compiler, loads it with ctypes and checks the CPU; inferlab/quant/fused.py
+   holds the torch expressions these replace, and every quantized linear's dequantize-then-matmul
+   stays the reference both are tested against.
 
    Each function returns 0, or -1 when it could not allocate its small activation buffers. */
 #include <immintrin.h>
@@ -26,12 +29,12 @@ int inferlab_vnni_supported(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-/* One int8 scale for n floats: x ~ scale * q, q = round(x / scale) in -127..127 (0 for a zero row). */
-static float quantize_row(const float *x, int n, int stride, int8_t *q, int qstride) {
+/* One int8 scale for n floats: x ~ scale * q, q = round(x / scale) in -127..127 (0 for zeros). */
+static float quantize_row(const float *x, int n, int8_t *q) {
     float amax = 0.f;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i * stride]));
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
     float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int i = 0; i < n; i++) q[i * qstride] = (int8_t)nearbyintf(x[i * stride] * inv);
+    for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * inv);
     return amax / 127.f;
 }
 
@@ -60,7 +63,7 @@ static int quantize_blocks(const float *x, int M, int K, int shift, uint8_t **co
         for (int b = 0; b < B; b++) {
             const size_t at = (size_t)m * K + (size_t)b * 32;
             int8_t q[32];
-            (*xs)[m * B + b] = quantize_row(x + at, 32, 1, q, 1);
+            (*xs)[m * B + b] = quantize_row(x + at, 32, q);
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) { sum += q[i]; (*codes)[at + i] = (uint8_t)(q[i] + shift); }
             (*xsum)[m * B + b] = sum;
