@@ -29,7 +29,8 @@ def test_each_bug_applies_once_and_names_existing_tests(m):
     text = (ROOT / m["file"]).read_text()
     mutated = mutants.apply(text, m["edits"])
     assert mutated != text
-    compile(mutated, m["file"], "exec")
+    if m["file"].endswith(".py"):
+        compile(mutated, m["file"], "exec")
     for t in m["tests"]:
         path, _, name = t.partition("::")
         assert (ROOT / path).is_file(), t

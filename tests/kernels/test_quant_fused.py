@@ -82,7 +82,7 @@ def test_eager_mode_and_missing_compiler_fall_back_to_the_reference(linear, monk
         monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "eager")
         assert torch.equal(mod(x), ref)
         assert torch.equal(MAKE["int8"](linear)(x), MAKE["int8"](linear).forward_reference(x))
-        monkeypatch.delenv("INFERLAB_QUANT_KERNEL")
+        monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
         monkeypatch.setattr(fused, "_broken", [])
         monkeypatch.setattr(fused, "compiler_available", lambda: False)
         with caplog.at_level(logging.WARNING, logger="inferlab.quant.fused"):
