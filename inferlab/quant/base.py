@@ -44,10 +44,18 @@ class QuantLinear(nn.Module):
         """(function, buffers) of this format's product in ``inferlab.quant.fused``; None: no fast path."""
         return None
 
+    def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
+        """This format's hand-written product of the prepared input, without the bias (a VNNI loop of
+        ``inferlab.quant.vnni``, a Triton kernel on a GPU); None where it does not run."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The first path that runs: :meth:`kernel`, the compiled product of :meth:`fused`, the reference."""
         x = self.prepare_input(x)
-        spec = self.fused()
-        y = None if spec is None else fused_call(spec[0], x, *spec[1:])
+        y = self.kernel(x)
+        if y is None:
+            spec = self.fused()
+            y = None if spec is None else fused_call(spec[0], x, *spec[1:])
         if y is None:
             return self._reference(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)

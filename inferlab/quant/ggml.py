@@ -178,10 +178,6 @@ class GGMLLinear(QuantLinear):
     def fused(self):
         return FUSED[self.ggml_type], self.qweight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode on an x86 CPU with AVX-512 VNNI runs the integer dot products of
-        ``inferlab.quant.vnni``; elsewhere (other CPUs, prefill) the base class's paths."""
-        y = vnni.ggml_linear(x, self.qweight, self.ggml_type)
-        if y is None:
-            return super().forward(x)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+    def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Decode on an x86 CPU with AVX-512 VNNI: the integer dot products of ``inferlab.quant.vnni``."""
+        return vnni.ggml_linear(x, self.qweight, self.ggml_type)

@@ -124,20 +124,16 @@ class Int4Linear(QuantLinear):
             return None
         return fused.int4_matmul, self.qweight.view(torch.int32), self.scales, self.zeros, self.group_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
         weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU for decode, the VNNI loop of
-        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 128) or else the compiled
-        product of ``inferlab.quant.fused``; dequantize-then-matmul for prefill."""
+        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 128), else (None) the
+        compiled product of ``inferlab.quant.fused``, and dequantize-then-matmul for prefill."""
         if not x.is_cuda:
-            y = vnni.int4_linear(self.prepare_input(x), self.qweight, self.scales, self.zeros, self.group_size)
-            if y is None:
-                return super().forward(x)
-            return y if self.bias is None else y + self.bias.to(y.dtype)
+            return vnni.int4_linear(x, self.qweight, self.scales, self.zeros, self.group_size)
         from inferlab.kernels.w4a16_matmul import w4a16_matmul
 
-        y = w4a16_matmul(self.prepare_input(x), self.qweight, self.scales, self.zeros, self.group_size)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return w4a16_matmul(x, self.qweight, self.scales, self.zeros, self.group_size)
 
     def dequantize_original_order(self) -> torch.Tensor:
         w = self.dequantize()

@@ -50,14 +50,12 @@ class Int8Linear(QuantLinear):
     def fused(self):
         return fused.int8_matmul, self.qweight, self.scales
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """On the CPU, int8 x int8 products: ``inferlab.quant.vnni``'s loop where the CPU has AVX-512
-        VNNI, else ``torch._int_mm`` (:func:`inferlab.quant.fused.int8_w8a8`); on a GPU the compiled
-        dequantize-inside-the-reduction product; the reference elsewhere."""
+    def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
+        """On the CPU, integer products: ``inferlab.quant.vnni``'s loop where the CPU has AVX-512
+        VNNI, else ``torch._int_mm`` (:func:`inferlab.quant.fused.int8_w8a8`); None elsewhere (on a
+        GPU the compiled dequantize-inside-the-reduction product runs, the reference above it)."""
         y = vnni.int8_linear(x, self.qweight, self.scales)
         if y is None:
             scales = self.scales.float() if torch.compiler.is_compiling() else self._float_scales()
             y = fused.w8a8_call(x, self.qweight, scales)
-        if y is None:
-            return super().forward(x)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return y

@@ -72,10 +72,6 @@ class NF4Linear(QuantLinear):
             return None
         return fused.nf4_matmul, self.qweight, self.absmax, NF4_CODE.to(self.qweight.device), self.blocksize
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode on an x86 CPU with AVX-512: ``inferlab.quant.vnni``'s table-lookup loop (exact, in
-        float); elsewhere the base class's paths."""
-        y = vnni.nf4_linear(x, self.qweight, self.absmax, NF4_CODE, self.blocksize)
-        if y is None:
-            return super().forward(x)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+    def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Decode on an x86 CPU with AVX-512: ``inferlab.quant.vnni``'s table-lookup loop (exact, in float)."""
+        return vnni.nf4_linear(x, self.qweight, self.absmax, NF4_CODE, self.blocksize)
