@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 #: runs them too; a prompt of more rows dequantizes once and multiplies.
 MAX_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
-_P, _I = ctypes.c_void_p, ctypes.c_int
 
 
 def _build(source: Path) -> Path:
@@ -83,11 +82,6 @@ def _library():
     if not lib.inferlab_vnni_supported():
         log.info("inferlab: this CPU has no AVX-512 VNNI; quantized linears use the compiled products")
         return None
-    lib.inferlab_int8_gemv.argtypes = [_P, _I, _I, _P, _P, _I, _P, _I]
-    lib.inferlab_int4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
-    lib.inferlab_nf4_gemv.argtypes = [_P, _I, _I, _P, _P, _P, _I, _I, _P, _I]
-    for name in BLOCK_GEMV:
-        getattr(lib, f"inferlab_{name}_gemv").argtypes = [_P, _I, _I, _P, _I, _P, _I]
     return lib
 
 
@@ -108,56 +102,41 @@ def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 _available = torch._dynamo.assume_constant_result(available)
 
 
-def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32 (contiguous) -> [M, N]: the C loop, called directly (eager) or as
-    ``torch.ops.inferlab.int8_vnni`` (from a compiled graph)."""
-    N, K = qweight.shape
-    y = torch.empty(x.shape[0], N)
-    if _library().inferlab_int8_gemv(x.data_ptr(), x.shape[0], K, qweight.data_ptr(), scales.data_ptr(), N,
-                                     y.data_ptr(), torch.get_num_threads()):
-        raise MemoryError("inferlab: the int8 kernel could not allocate its activation buffer")
+def _run(name: str, x: torch.Tensor, n_out: int, *args) -> torch.Tensor:
+    """Call ``inferlab_<name>_gemv``: every loop takes x, its rows and width, then its own arguments
+    (tensors as pointers, ints as C ints), then the output [rows, n_out] and the thread count."""
+    y = torch.empty(x.shape[0], n_out)
+    c_args = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in (x, *args, y)]
+    loop = getattr(_library(), f"inferlab_{name}_gemv")
+    if loop(c_args[0], x.shape[0], x.shape[1], *c_args[1:], torch.get_num_threads()):
+        raise MemoryError(f"inferlab: the {name} loop could not allocate its activation buffers")
     return y
+
+
+# The loops as functions of contiguous float32 x [M, K] -> [M, N], each also a torch op
+# (``torch.ops.inferlab.<name>_vnni``) that a compiled graph calls.
+def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return _run("int8", x, qweight.shape[0], qweight, scales, qweight.shape[0])
 
 
 def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
               group_size: int) -> torch.Tensor:
-    """x [M, K] float32 (contiguous) -> [M, N]: as :func:`int8_gemv`, op ``inferlab.int4_vnni``."""
-    N, K = qweight.shape[0], 2 * qweight.shape[1]
-    y = torch.empty(x.shape[0], N)
-    if _library().inferlab_int4_gemv(x.data_ptr(), x.shape[0], K, qweight.data_ptr(), scales.data_ptr(),
-                                     zeros.data_ptr(), N, group_size, y.data_ptr(), torch.get_num_threads()):
-        raise MemoryError("inferlab: the int4 kernel could not allocate its activation buffers")
-    return y
+    return _run("int4", x, qweight.shape[0], qweight, scales, zeros, qweight.shape[0], group_size)
 
 
-def _blocks(name: str):
-    def gemv(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
-        y = torch.empty(x.shape[0], qweight.shape[0])
-        if getattr(_library(), f"inferlab_{name}_gemv")(x.data_ptr(), x.shape[0], x.shape[1], qweight.data_ptr(),
-                                                         qweight.shape[0], y.data_ptr(), torch.get_num_threads()):
-            raise MemoryError(f"inferlab: the {name} kernel could not allocate its activation buffers")
-        return y
-    gemv.__name__ = gemv.__qualname__ = f"{name}_gemv"
-    gemv.__doc__ = f"x [M, K] float32 (contiguous) -> [M, N] for llama.cpp {name.upper()} rows, op ``inferlab.{name}_vnni``."
-    return gemv
-
-
-BLOCK_GEMV = {name: _blocks(name) for name in ("q8_0", "q4_0", "q4_k")}  # llama.cpp block types with a loop here
+def ggml_gemv(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    return _run(ggml_type, x, qweight.shape[0], qweight, qweight.shape[0])
 
 
 def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
              blocksize: int) -> torch.Tensor:
-    """x [M, K] float32 (contiguous) -> [M, N] for NF4 codes, op ``inferlab.nf4_vnni``."""
-    N = absmax.shape[0] * blocksize // x.shape[1]
-    y = torch.empty(x.shape[0], N)
-    if _library().inferlab_nf4_gemv(x.data_ptr(), x.shape[0], x.shape[1], qweight.data_ptr(), absmax.data_ptr(),
-                                    code.data_ptr(), N, blocksize, y.data_ptr(), torch.get_num_threads()):
-        raise MemoryError("inferlab: the nf4 kernel could not allocate its activation buffers")
-    return y
+    n = absmax.shape[0] * blocksize // x.shape[1]  # blocks run over the flattened weight
+    return _run("nf4", x, n, qweight, absmax, code, n, blocksize)
 
 
+BLOCK_TYPES = ("q8_0", "q4_0", "q4_k")  # the llama.cpp block types with a loop here
 _OPS = {fn: torch.library.custom_op(f"inferlab::{fn.__name__.replace('_gemv', '')}_vnni", fn, mutates_args=())
-        for fn in (int8_gemv, int4_gemv, nf4_gemv, *BLOCK_GEMV.values())}
+        for fn in (int8_gemv, int4_gemv, ggml_gemv, nf4_gemv)}
 for _fn, _op in _OPS.items():  # the output's shape, for tracing: [rows, N]
     _op.register_fake((lambda x, q, absmax, code, bs: x.new_empty(x.shape[0], absmax.shape[0] * bs // x.shape[1]))
                       if _fn is nf4_gemv else (lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0])))
@@ -197,10 +176,9 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor | None:
     """x [..., K] @ w^T for rows of llama.cpp Q8_0, Q4_0 or Q4_K blocks, activations quantized per
     block of 32 (llama.cpp's own scheme); None: another block type, or not here."""
-    fn = BLOCK_GEMV.get(ggml_type)
-    if fn is None or not (qweight.is_contiguous() and _usable(x, qweight)):
+    if ggml_type not in BLOCK_TYPES or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
-    return _call(fn, x, qweight)
+    return _call(ggml_gemv, x, qweight, ggml_type)
 
 
 def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
