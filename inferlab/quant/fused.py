@@ -230,23 +230,26 @@ def _give_up(why: str) -> None:
 
 
 def fused_call(fn, x: torch.Tensor, *args):
-    """``fn(x2d, *args)`` compiled, for a batch of at most MAX_ROWS rows; None where the reference should run."""
+    """``fn(x2d, *args)`` compiled, for a batch of at most MAX_ROWS rows; None where the reference
+    should run. Inside a compiled decode step the expression itself joins that step's graph."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if torch.compiler.is_compiling():  # inside a compiled decode step: the expression joins its graph
-        if not 0 < rows <= MAX_ROWS:
+    compiling = torch.compiler.is_compiling()
+    if not 0 < rows <= MAX_ROWS:
+        return None
+    if not compiling:
+        if "compile" in _broken or mode() == "eager" or torch.is_grad_enabled() and x.requires_grad:
             return None
-        x2 = x.reshape(rows, x.shape[-1]).float()
-        y = fn(*(PREPARE[fn](x2) if fn in PREPARE else (x2,)), *args)
-        return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
-    if "compile" in _broken or rows == 0 or rows > MAX_ROWS or mode() == "eager" or torch.is_grad_enabled() and x.requires_grad:
-        return None
-    if x.device.type == "cpu" and not compiler_available():
-        _give_up("no C++ compiler found for torch.compile (install g++ or clang++ for the fast path)")
-        return None
-    try:
-        x2 = x.reshape(rows, x.shape[-1]).float()
-        y = _compiled(fn, (*(PREPARE[fn](x2) if fn in PREPARE else (x2,)), *args))
-    except Exception as e:  # noqa: BLE001  a compiler that fails is reported once, then avoided
-        _give_up(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-        return None
+        if x.device.type == "cpu" and not compiler_available():
+            _give_up("no C++ compiler found for torch.compile (install g++ or clang++ for the fast path)")
+            return None
+    x2 = x.reshape(rows, x.shape[-1]).float()
+    full = (*(PREPARE[fn](x2) if fn in PREPARE else (x2,)), *args)
+    if compiling:
+        y = fn(*full)
+    else:
+        try:
+            y = _compiled(fn, full)
+        except Exception as e:  # noqa: BLE001  a compiler that fails is reported once, then avoided
+            _give_up(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            return None
     return y.to(x.dtype).view(*x.shape[:-1], y.shape[-1])
