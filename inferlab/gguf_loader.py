@@ -1,0 +1,331 @@
+"""Load a llama.cpp GGUF file: the format most people who run a model on a CPU already have.
+
+A GGUF file is one header of key/value metadata (the architecture's hyperparameters, the whole
+tokenizer, a chat template) followed by aligned tensors, each with its llama.cpp type (F32, F16,
+Q8_0, Q4_1, Q4_K ...). Reading it takes three translations, all done here with llama.cpp's own
+``gguf`` package as the reader:
+
+- **config**: ``llama.block_count``, ``llama.embedding_length`` ... -> a :class:`ModelConfig`.
+- **tokenizer**: ``tokenizer.ggml.tokens`` / ``merges`` / ``token_type`` and the ``pre`` name of
+  the pre-tokenizer -> an HF ``tokenizers`` BPE, the same object a tokenizer.json describes.
+- **tensors**: ``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``. llama.cpp
+  rotates interleaved pairs in RoPE while HF Llama rotates halves, so its converter permuted the
+  rows of q and k (``inferlab.quant.gguf_export.rope_permute``): they are permuted back. Rows
+  are whole blocks, so packed rows move as they are.
+
+``quantization`` picks what the weights become:
+
+- ``None`` (as stored, what llama.cpp runs): a linear whose type inferlab has a packed format for
+  (Q8_0, Q4_0, Q4_1, Q4_K) keeps its blocks and decodes through that format's loop; F32/F16 and
+  every other type (Q6_K, Q5_0 ...) are dequantized to fp32. The token embedding is a lookup
+  table and is dequantized too (so is a lm_head tied to it).
+- ``"none"``: every tensor dequantized to fp32, the baseline the lessons compare against. The
+  result is also written once as an ordinary HF folder under ``~/.cache/inferlab/gguf/<hash>``
+  (:func:`hf_folder`), so later loads, transformers and tensor-parallel ranks read safetensors.
+- a method (``"int8"``, ``"q4_k"`` ...): ``LLM`` re-quantizes the fp32 weights with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from inferlab.config import ModelConfig
+from inferlab.errors import CheckpointError
+from inferlab.folders import atomic_folder, cache_dir
+from inferlab.tokenizer import Tokenizer
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # general.architecture -> the HF class it matches
+#: llama.cpp's per-layer tensor names -> the HF module names (the GGUF writer's table, inverted)
+LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+# The pre-tokenizer each ``tokenizer.ggml.pre`` names: how text is cut into words before BPE
+# merges run inside each word (the regexes of llama.cpp's llama-vocab.cpp for these types).
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {
+    "gpt-2": "gpt2", "default": "gpt2",  # GPT-2's own word regex
+    "smollm": "digits",  # GPT-2's regex after cutting every digit on its own (SmolLM's tokenizer.json)
+    "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+CONTROL, USER_DEFINED = 3, 4  # gguf.TokenType values the tokenizer keeps whole
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == ".gguf"
+
+
+def _reader(path: Path):
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError("reading .gguf files needs llama.cpp's gguf package: pip install gguf") from None
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file {path} not found")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise CheckpointError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader fails deep inside numpy on a cut-off file
+        raise CheckpointError(f"{path} could not be read as GGUF ({type(exc).__name__}): the file is probably "
+                              f"truncated or damaged; copy or download it again") from None
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > path.stat().st_size:
+        raise CheckpointError(f"{path} is truncated: its tensors need {end:,} bytes, the file has "
+                              f"{path.stat().st_size:,}; copy or download it again")
+    return reader
+
+
+def _field(reader, key: str, default=KeyError):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is KeyError:
+            raise CheckpointError(f"the GGUF metadata has no {key!r}: is it a complete model file?")
+        return default
+    return field.contents()
+
+
+def read_config(reader, path: Path) -> ModelConfig:
+    """The model's shape from the metadata, as an HF config.json would give it."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{path.name}: GGUF architecture {arch!r} is not supported: inferlab loads "
+                              f"{', '.join(ARCHITECTURES)} GGUF files")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise CheckpointError(f"{path.name}: per-frequency RoPE factors (rope_freqs, Llama 3.1 scaling) in a GGUF "
+                              f"are not supported: load the model's HF folder instead")
+
+    def get(key, default=KeyError):
+        return _field(reader, f"{arch}.{key}", default)
+
+    heads, kv_heads = get("attention.head_count"), get("attention.head_count_kv", None)
+    if isinstance(heads, list) or isinstance(kv_heads, list):
+        raise CheckpointError(f"{path.name}: a head count per layer is not supported (inferlab's layers share one)")
+    hidden = get("embedding_length")
+    tokens = _field(reader, "tokenizer.ggml.tokens", [])
+    scaling = get("rope.scaling.type", "none")
+    raw = {
+        "architectures": [ARCHITECTURES[arch]],
+        "vocab_size": get("vocab_size", None) or len(tokens),
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads or heads,
+        "head_dim": get("attention.key_length", None) or hidden // heads,
+        "max_position_embeddings": get("context_length", 2048),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rope_scaling": None if scaling == "none" else {"rope_type": scaling,
+                                                        "factor": float(get("rope.scaling.factor", 1.0))},
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id", None),
+        "torch_dtype": "float32",
+    }
+    return ModelConfig.from_dict(raw)
+
+
+def read_tokenizer(reader, path: Path, config: ModelConfig) -> Tokenizer:
+    """An HF ``tokenizers`` byte-level BPE from ``tokenizer.ggml.*`` (gpt2-type vocabularies)."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    kind = _field(reader, "tokenizer.ggml.model", None)
+    if kind != "gpt2":
+        raise CheckpointError(f"{path.name}: tokenizer type {kind!r} is not supported: inferlab builds byte-level "
+                              f"BPE tokenizers (tokenizer.ggml.model = gpt2)")
+    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(f"{path.name}: pre-tokenizer {pre!r} is not supported (its word-splitting rule is "
+                              f"unknown here): inferlab knows {', '.join(PRE_TOKENIZERS)}")
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    hf = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+    split = PRE_TOKENIZERS[pre]
+    if split in ("gpt2", "digits"):
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf.pre_tokenizer = (byte_level if split == "gpt2" else
+                            pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]))
+    else:
+        hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, kind in zip(tokens, types) if kind == CONTROL])
+    hf.add_tokens([AddedToken(t, special=False, normalized=False)
+                   for t, kind in zip(tokens, types) if kind == USER_DEFINED])
+    bos = config.bos_token_id
+    if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
+        hf.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
+                                                          special_tokens=[(tokens[bos], bos)])
+    eos = [i for i in (_field(reader, "tokenizer.ggml.eos_token_id", None),
+                       _field(reader, "tokenizer.ggml.eot_token_id", None)) if i is not None]
+    tokenizer = Tokenizer(hf, tuple(dict.fromkeys(eos)), bos)
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is not None:
+        _attach_chat_template(tokenizer, template, {
+            "bos_token": tokens[bos] if bos is not None else None,
+            "eos_token": tokens[eos[0]] if eos else None})
+    return tokenizer
+
+
+def _attach_chat_template(tokenizer: Tokenizer, source: str, special: dict) -> None:
+    from inferlab.serve.chat import ChatTemplate
+    tokenizer.chat_template = ChatTemplate(source, special)
+
+
+def hf_name(gguf_name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (KeyError: not a model tensor)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return f"{TOP_NAMES[parts[0]]}.{parts[1]}"
+
+
+def unpermute_rope(rows: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's interleaved RoPE row order -> HF's half-rotation order (inverse of ``rope_permute``)."""
+    return rows.reshape(n_head, rows.shape[0] // n_head // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+def _dequantize(t) -> torch.Tensor:
+    """One GGUF tensor as fp32 [out, in] (llama.cpp's shape is reversed: ne0 is the input width)."""
+    import gguf
+    from inferlab.quant import ggml
+
+    kind = t.tensor_type.name.lower()
+    data = torch.from_numpy(np.array(t.data))  # a copy: the file is mapped read-only
+    if kind in ggml.DEQUANTIZE:  # inferlab's own torch code for the types it packs (faster than numpy)
+        shape = [int(n) for n in reversed(t.shape)]
+        return ggml.DEQUANTIZE[kind](data).reshape(shape)
+    try:
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise CheckpointError(f"tensor {t.name} has type {t.tensor_type.name}, which no dequantizer here "
+                              f"reads: re-quantize the model to a common type (Q8_0, Q4_K_M) with llama.cpp") from None
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def _packed_type(t) -> str | None:
+    """The inferlab format that runs this tensor's blocks as stored, or None (dequantize it)."""
+    from inferlab.quant import ggml
+    kind = t.tensor_type.name.lower()
+    return kind if kind in ggml.BLOCKS else None
+
+
+def _read_tensors(reader, config: ModelConfig, as_stored: bool) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """HF-named tensors (rows un-permuted) and, as stored, the block type of each packed linear."""
+    tensors, packed = {}, {}
+    for t in reader.tensors:
+        try:
+            name = hf_name(t.name)
+        except (KeyError, IndexError):
+            raise CheckpointError(f"tensor {t.name!r} is not part of a {config.model_type} model: is the "
+                                  f"architecture in the metadata right?") from None
+        kind = _packed_type(t) if as_stored and t.name.startswith("blk.") and len(t.shape) == 2 else None
+        if kind is not None:
+            value = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # a copy: the file's mmap stays read-only
+            packed[name.removesuffix(".weight")] = kind
+        else:
+            value = _dequantize(t).float()
+        if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            value = unpermute_rope(value, heads)
+        tensors[name if kind is None else name.replace(".weight", ".qweight")] = value
+    return tensors, packed
+
+
+def load_gguf(path: str | os.PathLike, device=None, dtype=None, as_stored: bool = True):
+    """``(model, tokenizer)`` from a GGUF file: its blocks as stored, or every tensor in fp32."""
+    from inferlab import loader
+    from inferlab.device import default_device, default_dtype
+    from inferlab.model import CausalLM
+    from inferlab.quant.ggml import GGMLLinear
+
+    path = Path(path)
+    if not as_stored:  # read the cached safetensors folder (made on first use)
+        return loader.load_checkpoint(hf_folder(path), device=device, dtype=dtype)
+    reader = _reader(path)
+    config = read_config(reader, path)
+    tokenizer = read_tokenizer(reader, path, config)
+    tensors, packed = _read_tensors(reader, config, as_stored)
+    device = torch.device(device or default_device())
+    dtype = dtype or default_dtype(device)
+
+    def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
+        if name in packed:
+            return GGMLLinear(in_features, out_features, bias, packed[name])
+        return nn.Linear(in_features, out_features, bias=bias)
+
+    with torch.device("meta"):
+        model = CausalLM(config, build)
+    state = model.checkpoint_state_dict()
+    for key, value in tensors.items():
+        if key not in state:
+            continue  # reported by assemble as unexpected
+        if tuple(value.shape) != tuple(state[key].shape):
+            raise CheckpointError(f"{path.name}: tensor {key} has shape {tuple(value.shape)}, the metadata "
+                                  f"implies {tuple(state[key].shape)}")
+        tensors[key] = value if value.dtype == torch.uint8 else value.to(dtype)
+    unexpected = [k for k in tensors if k not in state]
+    for k in unexpected:
+        del tensors[k]
+    model, _ = loader.assemble(model, tensors, state.keys(), unexpected, path, device)
+    return model, tokenizer
+
+
+def file_key(path: Path) -> str:
+    """The first 16 hex digits of the file's SHA-256: the cache key of what is derived from it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def hf_folder(path: str | os.PathLike) -> Path:
+    """The GGUF dequantized to an HF folder (config.json, fp32 model.safetensors, tokenizer.json,
+    tokenizer_config.json with the chat template) that inferlab and transformers both load.
+    Written once under ``~/.cache/inferlab/gguf/<name>-<hash>`` (``INFERLAB_CACHE``), atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"GGUF file {path} not found")
+    folder = cache_dir() / "gguf" / f"{path.stem}-{file_key(path)}"
+    if (folder / "config.json").exists():
+        return folder
+    reader = _reader(path)
+    config = read_config(reader, path)
+    tokenizer = read_tokenizer(reader, path, config)
+    tensors, _ = _read_tensors(reader, config, as_stored=False)
+    with atomic_folder(folder) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+        tokenizer.save(tmp / "tokenizer.json")
+        template = getattr(tokenizer, "chat_template", None)
+        vocab = tokenizer.hf
+        tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                   "bos_token": vocab.id_to_token(config.bos_token_id) if config.bos_token_id is not None else None,
+                   "eos_token": vocab.id_to_token(config.eos_token_ids[0]) if config.eos_token_ids else None}
+        if template is not None and not template.is_default:
+            tok_cfg["chat_template"] = template.source
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        (tmp / "source.json").write_text(json.dumps({"gguf": str(path), "sha256_16": folder.name.rsplit("-", 1)[1]}) + "\n")
+    return folder
