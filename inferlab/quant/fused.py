@@ -152,6 +152,19 @@ def q4_0_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     return ((dot - 8 * xb.sum((-1, -2))) * d).sum(-1)
 
 
+def q4_1_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
+    """llama.cpp Q4_1 blocks (fp16 d, fp16 m, Q4_0's 16 bytes of nibbles), w = d * q + m -> [M, N].
+
+    The min leaves the inner sum: sum_k (d q_k + m) x_k = d sum_k q_k x_k + m sum_k x_k."""
+    M, K = x.shape
+    b = qweight.view(1, -1, K // 32, 20)
+    d, m = _f16(b[..., 0], b[..., 1]), _f16(b[..., 2], b[..., 3])
+    qs = b[..., 4:]
+    xb = x.view(M, 1, K // 32, 2, 16)
+    dot = ((qs & 15).float() * xb[..., 0, :] + (qs >> 4).float() * xb[..., 1, :]).sum(-1)
+    return (dot * d + xb.sum((-1, -2)) * m).sum(-1)
+
+
 def q4_k_matmul(x: torch.Tensor, qweight: torch.Tensor) -> torch.Tensor:
     """llama.cpp Q4_K super-blocks of 256 (see ``inferlab.quant.ggml``) -> [M, N].
 

@@ -3,12 +3,15 @@
     Q8_0  32 values in 34 bytes:  fp16 d | 32 x int8 q                  w = d * q
     Q4_0  32 values in 18 bytes:  fp16 d | 16 bytes of nibbles           w = d * (q - 8)
           (value i in the low nibble of byte i, value i + 16 in its high nibble)
+    Q4_1  32 values in 20 bytes:  fp16 d | fp16 m | 16 bytes of nibbles  w = d * q + m
+          (Q4_0's nibbles with a min: the grid spans [min, max] of the block, not [-amax, amax],
+          so a block whose values are all of one sign wastes no codes. 5 bits per weight.)
     Q4_K  256 values in 144 bytes: fp16 d | fp16 dmin | 12 bytes: 8 six-bit scales and 8 six-bit
           mins | 128 bytes of nibbles. Eight sub-blocks of 32 each have w = d*sc_j * q - dmin*m_j:
           the super-block's two fp16 numbers scale 6-bit sub-block scales, so the sub-blocks cost
           12 bits each instead of 32. 4.5 bits per weight.
 
-Quantization follows the reference C code (``quantize_row_q8_0_ref``, ``_q4_0_ref``, ``_q4_K_ref``
+Quantization follows the reference C code (``quantize_row_q8_0_ref``, ``_q4_0_ref``, ``_q4_1_ref``, ``_q4_K_ref``
 with its ``make_qkx2_quants`` search for each sub-block's scale and min).
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantizationError, QuantLinear
 
-BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144)}  # values per block, bytes per block
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144)}  # values per block, bytes per block
 
 
 def _f16_bytes(x: torch.Tensor) -> torch.Tensor:
@@ -69,6 +72,25 @@ def dequantize_q4_0(b: torch.Tensor) -> torch.Tensor:
     qs = b[:, 2:]
     q = torch.cat([qs & 0x0F, qs >> 4], 1).float() - 8
     return _f16(b[:, :2])[:, None] * q
+
+
+def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
+    """d = (max - min) / 15 and m = min: the block's range split into 15 steps. q is computed with
+    the fp32 d (the C code's, before d is stored as fp16) and rounded half up: (x - min) >= 0."""
+    x = _blocks(w, 32)
+    lo, hi = x.amin(1, keepdim=True), x.amax(1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = torch.trunc((x - lo) * inv + 0.5).clamp(0, 15).to(torch.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    return torch.cat([_f16_bytes(d[:, 0]), _f16_bytes(lo[:, 0]), packed], 1).reshape(w.shape[0], -1)
+
+
+def dequantize_q4_1(b: torch.Tensor) -> torch.Tensor:
+    b = b.reshape(-1, 20)
+    qs = b[:, 4:]
+    q = torch.cat([qs & 0x0F, qs >> 4], 1).float()
+    return _f16(b[:, :2])[:, None] * q + _f16(b[:, 2:4])[:, None]
 
 
 def make_qkx2_quants(x: torch.Tensor, weights: torch.Tensor, nmax: int = 15, rmin: float = -1.0,
@@ -144,9 +166,10 @@ def dequantize_q4_k(b: torch.Tensor) -> torch.Tensor:
     return (d[:, None, None] * sc.float()[..., None] * q - dmin[:, None, None] * mn.float()[..., None]).view(n, 256)
 
 
-QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k}
-DEQUANTIZE = {"q8_0": dequantize_q8_0, "q4_0": dequantize_q4_0, "q4_k": dequantize_q4_k}
-FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_k": fused.q4_k_matmul}
+QUANTIZE = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_1": quantize_q4_1, "q4_k": quantize_q4_k}
+DEQUANTIZE = {"q8_0": dequantize_q8_0, "q4_0": dequantize_q4_0, "q4_1": dequantize_q4_1, "q4_k": dequantize_q4_k}
+FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_1": fused.q4_1_matmul,
+         "q4_k": fused.q4_k_matmul}
 
 
 class GGMLLinear(QuantLinear):

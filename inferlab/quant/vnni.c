@@ -1,6 +1,6 @@
 /* Decode loops for every quantized format on x86 CPUs with AVX-512 VNNI: the kind of loops llama.cpp
    runs for its blocks, here for inferlab's INT8 (per channel), INT4 (group-wise, asymmetric), NF4
-   (bitsandbytes' layout) and llama.cpp's own Q8_0, Q4_0 and Q4_K rows.
+   (bitsandbytes' layout) and llama.cpp's own Q8_0, Q4_0, Q4_1 and Q4_K rows.
 
    A decode step multiplies a few activation rows by each weight matrix; its time is the time to
    read the weights. Dequantizing a weight to floats costs several instructions per weight, which
@@ -39,8 +39,9 @@ static float quantize_row(const float *x, int n, int8_t *q) {
 }
 
 /* llama.cpp's blocks of 32 (inferlab/quant/ggml.py): each row of qweight is K / 32 blocks of an fp16
-   scale d and 32 codes. The activations are quantized per block of 32 too (llama.cpp's Q8_0 for
-   activations), so a block's dot product is one 256-bit vpdpbusd and one multiply-add by d * xs. */
+   scale d (Q4_1: and an fp16 min m) and 32 codes. The activations are quantized per block of 32 too
+   (llama.cpp's Q8_0 for activations), so a block's dot product is one 256-bit vpdpbusd and one
+   multiply-add by d * xs. */
 VNNI static inline float f16_at(const uint8_t *p) {
     uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
     return _cvtsh_ss(h);
@@ -226,6 +227,38 @@ VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight
                 offset += dx * (float)xsum[m * B + b];
             }
             y[(size_t)m * N + n] = hsum256(acc) - 8.f * offset;
+        }
+    }
+    free(xq); free(xs); free(xsum);
+    return 0;
+}
+
+/* Q4_1: 20-byte blocks (d, m, then Q4_0's 16 bytes of nibbles), w = d * q + m. The min leaves the
+   loop as Q4_0's 8 does: sum (d q + m) xs xq = d xs sum q xq + m xs sum xq, where xs sum xq is the
+   sum of the block's rounded activations (llama.cpp's Q8_1 activation blocks store it as their s). */
+VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    const int B = K / 32, row_bytes = B * 20;
+    uint8_t *xq; float *xs; int32_t *xsum;
+    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *row = qweight + (size_t)n * row_bytes;
+        for (int m = 0; m < M; m++) {
+            __m256 acc = _mm256_setzero_ps();
+            float mins = 0.f;
+            for (int b = 0; b < B; b++) {
+                const uint8_t *blk = row + b * 20;
+                _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+                __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
+                __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+                __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
+                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
+                const float xsb = xs[m * B + b];
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * xsb), acc);
+                mins += f16_at(blk + 2) * xsb * (float)xsum[m * B + b];
+            }
+            y[(size_t)m * N + n] = hsum256(acc) + mins;
         }
     }
     free(xq); free(xs); free(xsum);

@@ -134,7 +134,7 @@ def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code:
     return _run("nf4", x, n, qweight, absmax, code, n, blocksize)
 
 
-BLOCK_TYPES = ("q8_0", "q4_0", "q4_k")  # the llama.cpp block types with a loop here
+BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k")  # the llama.cpp block types with a loop here
 _OPS = {fn: torch.library.custom_op(f"inferlab::{fn.__name__.replace('_gemv', '')}_vnni", fn, mutates_args=())
         for fn in (int8_gemv, int4_gemv, ggml_gemv, nf4_gemv)}
 for _fn, _op in _OPS.items():  # the output's shape, for tracing: [rows, N]
@@ -174,8 +174,8 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 
 def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor | None:
-    """x [..., K] @ w^T for rows of llama.cpp Q8_0, Q4_0 or Q4_K blocks, activations quantized per
-    block of 32 (llama.cpp's own scheme); None: another block type, or not here."""
+    """x [..., K] @ w^T for rows of llama.cpp Q8_0, Q4_0, Q4_1 or Q4_K blocks, activations quantized
+    per block of 32 (llama.cpp's own scheme); None: another block type, or not here."""
     if ggml_type not in BLOCK_TYPES or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(ggml_gemv, x, qweight, ggml_type)

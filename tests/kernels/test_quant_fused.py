@@ -20,6 +20,7 @@ MAKE = {
     "nf4": NF4Linear.from_float,
     "q8_0": lambda lin: GGMLLinear.from_float(lin, "q8_0"),
     "q4_0": lambda lin: GGMLLinear.from_float(lin, "q4_0"),
+    "q4_1": lambda lin: GGMLLinear.from_float(lin, "q4_1"),
     "q4_k": lambda lin: GGMLLinear.from_float(lin, "q4_k"),
 }
 

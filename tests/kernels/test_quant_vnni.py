@@ -83,8 +83,8 @@ def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
 
 
 @needs_vnni
-@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_k"])
-@pytest.mark.parametrize("rows", [1, vnni.MAX_ROWS])
+@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_1", "q4_k"])
+@pytest.mark.parametrize("rows", [1, 2, 5, vnni.MAX_ROWS])
 def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, rows):
     """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
     torch.manual_seed(rows)

@@ -83,17 +83,18 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize  # noqa: E402
 
 TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-         "q4_k": gguf.GGMLQuantizationType.Q4_K}
+         "q4_1": gguf.GGMLQuantizationType.Q4_1, "q4_k": gguf.GGMLQuantizationType.Q4_K}
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1"])
 def test_ggml_bytes_equal_gguf_quantize(name):
     w = weights()
+    w[0, :32], w[1, 32:64], w[2, 64:96] = 0.0, 0.25, -0.3  # flat blocks: a zero or a single-valued range
     ours = ggml.QUANTIZE[name](w).numpy()
     assert np.array_equal(ours, gguf_quantize(w.numpy(), TYPES[name]))
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q4_k"])
 def test_gguf_dequantize_of_our_bytes_equals_ours(name):
     w = weights()
     blocks = ggml.QUANTIZE[name](w)
@@ -101,7 +102,7 @@ def test_gguf_dequantize_of_our_bytes_equals_ours(name):
     assert blocks.shape == (48, 512 // size * nbytes)
     ref = gguf_dequantize(blocks.numpy(), TYPES[name])
     assert np.array_equal(ggml.DEQUANTIZE[name](blocks).view(48, 512).numpy(), ref)
-    assert np.abs(ref - w.numpy()).mean() < {"q8_0": 1e-3, "q4_0": 6e-3, "q4_k": 6e-3}[name]
+    assert np.abs(ref - w.numpy()).mean() < {"q8_0": 1e-3, "q4_0": 6e-3, "q4_1": 6e-3, "q4_k": 6e-3}[name]
 
 
 def test_q4_k_searched_scales_beat_q4_0():
@@ -109,6 +110,14 @@ def test_q4_k_searched_scales_beat_q4_0():
     w = weights(64, 1024, seed=1)
     err = {n: (ggml.DEQUANTIZE[n](ggml.QUANTIZE[n](w)).view_as(w) - w).pow(2).mean() for n in ("q4_0", "q4_k")}
     assert err["q4_k"] < err["q4_0"]
+
+
+def test_q4_1_min_fits_one_signed_blocks_better_than_q4_0():
+    """Q4_0's grid is symmetric about 0, so a block of positive weights uses about half its 16 codes;
+    Q4_1's runs from the block's min to its max and uses all 16 (for 0.5 bit more per weight)."""
+    w = weights(64, 1024, seed=2).abs() + 0.02
+    err = {n: (ggml.DEQUANTIZE[n](ggml.QUANTIZE[n](w)).view_as(w) - w).pow(2).mean() for n in ("q4_0", "q4_1")}
+    assert err["q4_1"] < err["q4_0"] / 2
 
 
 # --- NF4 against bitsandbytes ---
