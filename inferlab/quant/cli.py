@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "replacing only the files inferlab writes (never the input model's folder)")
     p.add_argument("--format", default="safetensors", choices=("safetensors", "gguf"),
                    help="safetensors: a folder inferlab and transformers load; gguf: a llama.cpp model file "
-                        "(q8_0, q4_0, q4_k) (default: safetensors)")
+                        "(q8_0, q4_0, q4_1, q4_k) (default: safetensors)")
     p.add_argument("--calib-samples", type=int, default=64, help="calibration windows, gptq and awq (default: 64)")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per calibration window (default: 512)")
     p.add_argument("--no-act-order", action="store_true", help="gptq: quantize columns in their natural order "
@@ -54,8 +54,9 @@ def main(argv: list[str]) -> int:
 
     args = build_parser().parse_args(argv)
     method, bits, group = resolve(args.method, args.bits, args.group_size)  # fail before loading anything
-    if args.format == "gguf" and method not in ("q8_0", "q4_0", "q4_k"):
-        raise InferlabError(f"--format gguf writes llama.cpp blocks: use --method q8_0, q4_0 or q4_k (not {method})")
+    if args.format == "gguf" and method not in ("q8_0", "q4_0", "q4_1", "q4_k"):
+        raise InferlabError(f"--format gguf writes llama.cpp blocks: use --method q8_0, q4_0, q4_1 or q4_k "
+                            f"(not {method})")
     if method == "awq" and args.format == "safetensors" and bits != 4:
         raise InferlabError("AWQ checkpoints hold 4-bit codes only (the hub's GEMM layout): use --bits 4")
     if args.calib_samples < 1 or args.seq_len < 2:

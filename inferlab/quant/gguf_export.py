@@ -2,7 +2,7 @@
 
 A GGUF file is one header of key/value metadata (architecture hyperparameters, the tokenizer's
 vocabulary and merges) followed by aligned tensors, each with its llama.cpp type. The linear
-weights are written as the very Q8_0 / Q4_0 / Q4_K bytes inferlab computes with; embeddings are
+weights are written as the very Q8_0 / Q4_0 / Q4_1 / Q4_K bytes inferlab computes with; embeddings are
 F16 and norms F32, as llama.cpp's converter writes them. ``f32`` writes an unquantized model with
 every tensor F32 (the converter's ``--outtype f32``): llama.cpp's own fp32 baseline.
 
@@ -72,12 +72,13 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
     if cfg.attention_bias or cfg.rope_scaling:
         raise InferlabError("GGUF export here covers plain Llama (no attention bias, no RoPE scaling)")
     qtypes = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-              "q4_k": gguf.GGMLQuantizationType.Q4_K, "f32": None}
+              "q4_1": gguf.GGMLQuantizationType.Q4_1, "q4_k": gguf.GGMLQuantizationType.Q4_K, "f32": None}
     if method not in qtypes:
         raise InferlabError(f"GGUF export writes {', '.join(qtypes)}, not {method!r}")
     qtype = qtypes[method]
     ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
-             "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "f32": gguf.LlamaFileType.ALL_F32}[method]
+             "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+             "f32": gguf.LlamaFileType.ALL_F32}[method]
     with atomic_folder(out, overwrite) as tmp:
         writer = gguf.GGUFWriter(str(tmp / "model.gguf"), "llama")
         writer.add_name(f"inferlab {Path(out).name}")

@@ -8,6 +8,7 @@
     nf4     4        block 64            no           NF4Linear   (bitsandbytes' layout)
     q8_0    8        32 (fixed)          no           GGMLLinear  (llama.cpp blocks)
     q4_0    4        32 (fixed)          no           GGMLLinear
+    q4_1    4        32 (fixed)          no           GGMLLinear  (Q4_0 plus a min per block)
     q4_k    4        256 (fixed)         no           GGMLLinear
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ METHODS = {
     "nf4": MethodSpec((4,), 4, 64),
     "q8_0": MethodSpec((8,), 8, 32, fixed_group=True),
     "q4_0": MethodSpec((4,), 4, 32, fixed_group=True),
+    "q4_1": MethodSpec((4,), 4, 32, fixed_group=True),
     "q4_k": MethodSpec((4,), 4, 256, fixed_group=True),
 }
 
@@ -70,10 +72,10 @@ def check_model(model, method: str, group_size: int | None, skip=("lm_head",)) -
         if isinstance(mod, nn.Linear) and name not in skip:
             n = mod.in_features if method != "nf4" else mod.in_features * mod.out_features
             if n % group_size:
-                what = "block size" if method in ("nf4", "q8_0", "q4_0", "q4_k") else "group size"
+                what = "block size" if method in ("nf4", "q8_0", "q4_0", "q4_1", "q4_k") else "group size"
                 if METHODS[method].fixed_group:  # the block is the format's: nothing to choose
                     raise QuantizationError(f"{method} blocks hold {group_size} values, which does not divide "
                                             f"the input dimension {mod.in_features} of {name}: choose another "
-                                            f"method (q8_0 and q4_0 use blocks of 32)")
+                                            f"method (q8_0, q4_0 and q4_1 use blocks of 32)")
                 raise QuantizationError(f"{method} {what} {group_size} does not divide the input dimension "
                                         f"{mod.in_features} of {name}: choose a divisor of {mod.in_features}")

@@ -16,10 +16,10 @@ from .helpers import tiny_model, tokens
 
 # (method, bits, group, bound on the logits' relative error against the float model). Measured on
 # tiny_model: int8 0.011, int4-4-64 0.18, int4-3-128 0.37, gptq-4-128 0.045, gptq-3-64 0.13, awq 0.085, nf4 0.13,
-# q8_0 0.0096, q4_0 0.16, q4_k 0.13; each bound is about 1.4x that, so a broken scale or grid fails.
+# q8_0 0.0096, q4_0 0.16, q4_1 0.11, q4_k 0.13; each bound is about 1.4x that, so a broken scale or grid fails.
 CASES = [("int8", None, None, 0.016), ("int4", 4, 64, 0.25), ("int4", 3, 128, 0.5), ("gptq", 4, 128, 0.065),
          ("gptq", 3, 64, 0.18), ("awq", 4, 128, 0.12), ("nf4", None, None, 0.19), ("q8_0", None, None, 0.014),
-         ("q4_0", None, None, 0.23), ("q4_k", None, None, 0.18)]
+         ("q4_0", None, None, 0.23), ("q4_1", None, None, 0.15), ("q4_k", None, None, 0.18)]
 
 
 @pytest.fixture(autouse=True)

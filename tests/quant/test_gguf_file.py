@@ -33,9 +33,10 @@ def test_f32_export_refuses_a_quantized_model(tmp_path, target):
     assert not (tmp_path / "m").exists()  # nothing half-written
 
 
-def test_gguf_reader_sees_our_model(tmp_path, target):
-    model = quantized(target, "q4_k")
-    path = write_gguf(model, target[1], tmp_path / "m", "q4_k")
+@pytest.mark.parametrize("method", ["q4_k", "q4_1"])
+def test_gguf_reader_sees_our_model(tmp_path, target, method):
+    model = quantized(target, method)
+    path = write_gguf(model, target[1], tmp_path / "m", method)
     reader = gguf.GGUFReader(str(path))
     fields = {k: f for k, f in reader.fields.items()}
     assert fields["general.architecture"].contents() == "llama"
@@ -45,7 +46,9 @@ def test_gguf_reader_sees_our_model(tmp_path, target):
     tensors = {t.name: t for t in reader.tensors}
     assert "output.weight" not in tensors  # tied: llama.cpp reuses token_embd
     down = tensors["blk.0.ffn_down.weight"]
-    assert down.tensor_type == gguf.GGMLQuantizationType.Q4_K
+    assert down.tensor_type == gguf.GGMLQuantizationType[method.upper()]
+    assert fields["general.file_type"].contents() == {"q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+                                                      "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[method]
     ours = model.model.layers[0].mlp.down_proj
     assert np.array_equal(np.asarray(down.data).reshape(ours.qweight.shape), ours.qweight.numpy())
     q = tensors["blk.0.attn_q.weight"]  # rows permuted for llama.cpp's interleaved RoPE
@@ -55,7 +58,7 @@ def test_gguf_reader_sees_our_model(tmp_path, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["f32", "q8_0", "q4_0", "q4_k"])
+@pytest.mark.parametrize("method", ["f32", "q8_0", "q4_0", "q4_1", "q4_k"])
 def test_llama_cpp_perplexity_matches_ours(tmp_path, target, method):
     pytest.importorskip("llama_cpp")
     from inferlab.quant import llama_cpp_runner
