@@ -218,7 +218,7 @@ def _dequantize(t) -> torch.Tensor:
     except NotImplementedError:
         raise CheckpointError(f"tensor {t.name} has type {t.tensor_type.name}, which no dequantizer here "
                               f"reads: re-quantize the model to a common type (Q8_0, Q4_K_M) with llama.cpp") from None
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
 def _packed_type(t) -> str | None:

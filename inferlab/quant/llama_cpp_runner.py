@@ -15,15 +15,26 @@ import json, math, sys, time
 import numpy as np
 import llama_cpp
 path, ids, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-llm = llama_cpp.Llama(path, n_ctx=max(512, len(ids) + new_tokens), n_batch=512, logits_all=True,
+if new_tokens == -1:  # ids is a list of strings: llama.cpp's own tokenization of each (no BOS added)
+    llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    print(json.dumps({"ids": [llm.tokenize(t.encode(), add_bos=False, special=True) for t in ids]}))
+    sys.exit(0)
+spans = ids if ids and isinstance(ids[0], list) else [ids]
+llm = llama_cpp.Llama(path, n_ctx=max(512, max(map(len, spans)) + new_tokens), n_batch=512, logits_all=True,
                       n_threads=1, verbose=False)
 out = {}
-if new_tokens == 0:  # negative log-likelihood of ids[1:] given the prefix
-    llm.eval(ids)
-    logits = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
-    logits -= logits.max(-1, keepdims=True)
-    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    out["nll"] = float(-logp[np.arange(len(ids) - 1), ids[1:]].mean())
+if new_tokens == 0:  # negative log-likelihood of each span's ids[1:] given its prefix, and the argmax
+    total, count, argmax = 0.0, 0, []
+    for span in spans:
+        llm.reset()
+        llm.eval(span)
+        logits = np.asarray(llm.scores[: len(span)], dtype=np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        total += float(-logp[np.arange(len(span) - 1), span[1:]].sum())
+        count += len(span) - 1
+        argmax.append(logits[:-1].argmax(-1).tolist())
+    out.update(nll=total / count, tokens=count, argmax=argmax if len(spans) > 1 else argmax[0])
 else:  # greedy decode speed, best of three
     best = 0.0
     for _ in range(3):
@@ -42,9 +53,21 @@ class LlamaCppError(RuntimeError):
     pass
 
 
-def run(path, ids: list[int], new_tokens: int = 0, timeout: float = 600) -> dict:
-    """``new_tokens`` = 0: {"nll"} of ``ids``; otherwise {"tokens_per_s"} of a greedy decode."""
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(path), json.dumps([int(i) for i in ids]),
+def run(path, ids: list[int] | list[list[int]], new_tokens: int = 0, timeout: float = 600) -> dict:
+    """``new_tokens`` = 0: {"nll" (mean over the scored tokens), "tokens", "argmax"} of ``ids``, or of
+    each span of a list of spans (each scored from its own start, ``argmax`` then one list per span);
+    otherwise {"tokens_per_s"} of a greedy decode."""
+    ids = [[int(i) for i in span] for span in ids] if ids and isinstance(ids[0], (list, tuple)) else [int(i) for i in ids]
+    return _call(path, ids, new_tokens, timeout)
+
+
+def tokenize(path, texts: list[str], timeout: float = 120) -> list[list[int]]:
+    """llama.cpp's token ids for each text (special tokens parsed, no BOS added)."""
+    return _call(path, list(texts), -1, timeout)["ids"]
+
+
+def _call(path, payload, new_tokens: int, timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(path), json.dumps(payload),
                            str(new_tokens)], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         signal = -proc.returncode if proc.returncode < 0 else None

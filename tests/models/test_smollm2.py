@@ -1,0 +1,92 @@
+"""The course's real model, SmolLM2-135M-Instruct from its GGUF, against references nobody here
+wrote: transformers' own GGUF loading (logits, greedy tokens, tokenizer) and llama.cpp on the same
+file (tokenizer, perplexity on the same windows)."""
+import math
+
+import pytest
+import torch
+
+from inferlab import LLM, SamplingParams
+from inferlab.eval import ppl as ppl_eval
+from inferlab.quant.ggml import GGMLLinear
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["def fibonacci(n):",
+           "<|im_start|>user\nHow do I reset my password?<|im_end|>\n<|im_start|>assistant\n",
+           "The capital of France is"]
+STRINGS = ["Hello world", "  leading spaces\tand\ttabs\n\n\nnewlines", "1234567 + 89 = 1234656, 3.14159",
+           "def fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n", "Ünïcödé — 日本語テキスト 🤗🚀 naïve café",
+           "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "it's we're I'll they'd", "    \n   x   ",
+           "<|endoftext|>abc<repo_name>", "price: $1,000.00!!! 2024-12-01", "a\u00a0b\u2003c", "\r\n\r\n  \t"]
+
+
+def llama_cpp_runner():
+    pytest.importorskip("llama_cpp")
+    from inferlab.quant import llama_cpp_runner
+    return llama_cpp_runner
+
+
+def test_config_and_layout(smollm2_stored):
+    model, tok = smollm2_stored
+    c = model.config
+    assert (c.num_hidden_layers, c.hidden_size, c.intermediate_size) == (30, 576, 1536)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size) == (9, 3, 64, 49152)
+    assert c.rope_theta == 1e5 and c.tie_word_embeddings and tok.eos_token_ids == (2,) and tok.bos_token_id == 1
+    q = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q, GGMLLinear) and q.ggml_type == "q4_1"  # blocks as stored
+    assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template.source
+
+
+def test_logits_match_transformers(smollm2_fp32, smollm2_transformers):
+    ours, tok = smollm2_fp32
+    hf, _ = smollm2_transformers
+    for prompt in PROMPTS[:2]:
+        ids = torch.tensor([tok.encode(prompt)])
+        with torch.no_grad():
+            diff = (ours(ids) - hf(ids).logits).abs().max().item()
+        assert diff <= 1e-4, f"{prompt!r}: max |logit difference| {diff:.2e}"
+
+
+def test_greedy_tokens_match_transformers(smollm2_fp32, smollm2_transformers):
+    model, tok = smollm2_fp32
+    hf, _ = smollm2_transformers
+    llm = LLM.from_model(model, tok)
+    prompts = [tok.encode(p) for p in PROMPTS]
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=20))
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False, eos_token_id=2,
+                              pad_token_id=2)[0, len(ids):].tolist()
+        assert out.outputs[0].token_ids == ref, tok.decode(ids)
+
+
+def test_token_ids_match_transformers_and_llama_cpp(smollm2_file, smollm2_stored, smollm2_transformers):
+    _, tok = smollm2_stored
+    _, hf_tok = smollm2_transformers
+    ours = [tok.encode(s) for s in STRINGS]
+    assert ours == [hf_tok(s)["input_ids"] for s in STRINGS]
+    assert all(tok.decode(ids, skip_special_tokens=False) == s for ids, s in zip(ours, STRINGS))
+    assert ours[5][0] == 1 and ours[5].count(2) == 1  # <|im_start|>, <|im_end|> stay whole
+    assert ours == llama_cpp_runner().tokenize(smollm2_file, STRINGS)
+
+
+def test_perplexity_matches_llama_cpp_on_the_same_windows(smollm2_file, smollm2_stored, smollm2_fp32):
+    """As stored (Q4_1 blocks, activations rounded to 8 bits per block of 32 in the decode loop, exact
+    floats in prefill) against llama.cpp's CPU run of the same file: within 1%."""
+    runner = llama_cpp_runner()
+    model, tok = smollm2_stored
+    ids = ppl_eval.test_stream(tok)[: 4 * 511 + 1]
+    spans = [ids[b:e].tolist() for b, e, _ in ppl_eval.windows(len(ids), 512, 512)]
+    ours = ppl_eval.evaluate(model, ids, window=512, stride=512, reference=smollm2_fp32[0])
+    theirs = runner.run(smollm2_file, spans)
+    assert theirs["tokens"] == ours["tokens"]
+    ppl_cpp = math.exp(theirs["nll"])
+    argmax = torch.tensor([a for span in theirs["argmax"] for a in span])
+    with torch.no_grad():
+        mine = torch.cat([model(torch.tensor([s]))[0, :-1].argmax(-1) for s in spans])
+    agreement = (argmax == mine).float().mean().item()
+    print(f"smollm2 ppl: inferlab as stored {ours['ppl']:.3f}, llama.cpp {ppl_cpp:.3f}; greedy agreement with "
+          f"llama.cpp {agreement:.3f}, with inferlab fp32 {ours['agreement']:.3f}")
+    assert abs(ours["ppl"] / ppl_cpp - 1) < 0.01, f"inferlab {ours['ppl']:.3f} vs llama.cpp {ppl_cpp:.3f}"
+    assert agreement > 0.9
