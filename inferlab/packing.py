@@ -10,7 +10,7 @@ Here the model keeps its HF-named projections (checkpoints, quantizers and the G
 ``q_proj``, ``k_proj`` ...), and :func:`pack_projections` stacks them after loading: the packed
 tensor owns the memory and each projection's weight becomes a view of its rows, so nothing is
 stored twice. Every format whose tensors are laid out by output row packs: fp32/fp16 ``nn.Linear``,
-INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_K. NF4 (blocks over the flattened weight) and
+INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_1/Q4_K. NF4 (blocks over the flattened weight) and
 act-order INT4 (a column permutation per projection) stay unpacked. If a projection is replaced or
 moved later (``replace_linears``, ``.to()``), its layer notices and drops the packed copy; while a
 forward hook watches a projection (calibration for GPTQ/AWQ, a probe in a notebook), the layer

@@ -1,6 +1,6 @@
 """``quantize_model``: replace a loaded model's linears (all but lm_head) by quantized ones, in place.
 
-Round-to-nearest methods (int8, int4, nf4, q8_0, q4_0, q4_k) look only at the weights. GPTQ and AWQ
+Round-to-nearest methods (int8, int4, nf4, q8_0, q4_0, q4_1, q4_k) look only at the weights. GPTQ and AWQ
 also look at calibration activations from the corpus' train split, one decoder layer at a time.
 Returns the ``quantization_config`` that config.json stores, so the folder loads back.
 """

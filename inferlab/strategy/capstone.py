@@ -32,7 +32,8 @@ from inferlab.sampling import SamplingParams
 
 DEFAULT = {"quantization": None, "enable_prefix_caching": False, "scheduler_policy": "static", "max_num_seqs": 8,
            "semantic_cache_threshold": None, "router_threshold": None, "speculative": None}
-BITS = {None: 16, "int8": 8, "q8_0": 8.5, "awq": 4.25, "gptq": 4.25, "int4": 4.25, "nf4": 4.25, "q4_0": 4.5, "q4_k": 4.5}
+BITS = {None: 16, "int8": 8, "q8_0": 8.5, "awq": 4.25, "gptq": 4.25, "int4": 4.25, "nf4": 4.25, "q4_0": 4.5,
+        "q4_1": 5.0, "q4_k": 4.5}
 BLOCK_SIZE, MAX_MODEL_LEN = 16, 256
 
 
