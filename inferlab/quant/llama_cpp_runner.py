@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 _SCRIPT = r"""
-import json, math, sys, time
+import json, math, os, sys, time
 import numpy as np
 import llama_cpp
 path, ids, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
@@ -19,21 +19,25 @@ if new_tokens == -1:  # ids is a list of strings: llama.cpp's own tokenization o
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     print(json.dumps({"ids": [llm.tokenize(t.encode(), add_bos=False, special=True) for t in ids]}))
     sys.exit(0)
+skips = None
+if isinstance(ids, dict):  # {"spans": [...], "skip": [...]}: score span i from position skip[i] on
+    ids, skips = ids["spans"], ids["skip"]
 spans = ids if ids and isinstance(ids[0], list) else [ids]
+skips = skips or [0] * len(spans)
 llm = llama_cpp.Llama(path, n_ctx=max(512, max(map(len, spans)) + new_tokens), n_batch=512, logits_all=True,
-                      n_threads=1, verbose=False)
+                      n_threads=int(os.environ.get("INFERLAB_LLAMA_CPP_THREADS", "1")), verbose=False)
 out = {}
 if new_tokens == 0:  # negative log-likelihood of each span's ids[1:] given its prefix, and the argmax
     total, count, argmax = 0.0, 0, []
-    for span in spans:
+    for span, skip in zip(spans, skips):
         llm.reset()
         llm.eval(span)
-        logits = np.asarray(llm.scores[: len(span)], dtype=np.float64)
+        logits = np.asarray(llm.scores[: len(span)], dtype=np.float64)[skip:-1]  # row j predicts token j + 1
         logits -= logits.max(-1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-        total += float(-logp[np.arange(len(span) - 1), span[1:]].sum())
-        count += len(span) - 1
-        argmax.append(logits[:-1].argmax(-1).tolist())
+        total += float(-logp[np.arange(len(logits)), span[skip + 1:]].sum())
+        count += len(logits)
+        argmax.append(logits.argmax(-1).tolist())
     out.update(nll=total / count, tokens=count, argmax=argmax if len(spans) > 1 else argmax[0])
 else:  # greedy decode speed, best of three
     best = 0.0
@@ -59,6 +63,15 @@ def run(path, ids: list[int] | list[list[int]], new_tokens: int = 0, timeout: fl
     otherwise {"tokens_per_s"} of a greedy decode."""
     ids = [[int(i) for i in span] for span in ids] if ids and isinstance(ids[0], (list, tuple)) else [int(i) for i in ids]
     return _call(path, ids, new_tokens, timeout)
+
+
+def score_windows(path, ids, windows: list[tuple[int, int, int]], timeout: float = 3600) -> dict:
+    """{"nll", "tokens", "argmax"} of the sliding windows of ``inferlab.eval.ppl.windows`` (begin, end,
+    first scored): each window read from its start, only its tokens from ``first`` on scored, the
+    same positions ``inferlab.eval.ppl.evaluate`` scores."""
+    ids = [int(i) for i in ids]
+    payload = {"spans": [ids[b:e] for b, e, _ in windows], "skip": [first - b - 1 for b, _, first in windows]}
+    return _call(path, payload, 0, timeout)
 
 
 def tokenize(path, texts: list[str], timeout: float = 120) -> list[list[int]]:

