@@ -185,6 +185,27 @@ def read_tokenizer(reader, path: Path, config: ModelConfig) -> Tokenizer:
     return tokenizer
 
 
+def pre_tokenizer_name(hf) -> str:
+    """The ``tokenizer.ggml.pre`` name of an HF tokenizer's pre-tokenizer (what the GGUF writer
+    stores, so llama.cpp and this loader split words the same way), the inverse of PRE_TOKENIZERS."""
+    from inferlab.errors import InferlabError
+
+    pre = json.loads(hf.to_str()).get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in parts]
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and parts[1].get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"]:
+        regex = parts[0].get("pattern", {}).get("Regex")
+        for name, split in PRE_TOKENIZERS.items():
+            if split == regex:
+                return name
+    raise InferlabError(f"this tokenizer's pre-tokenizer ({' + '.join(map(str, kinds))}) has no llama.cpp name: "
+                        f"GGUF export writes {', '.join(sorted(set(PRE_TOKENIZERS)))}")
+
+
 def _attach_chat_template(tokenizer: Tokenizer, source: str, special: dict) -> None:
     from inferlab.serve.chat import ChatTemplate
     tokenizer.chat_template = ChatTemplate(source, special)

@@ -63,6 +63,9 @@ def main(argv: list[str]) -> int:
         raise InferlabError("--calib-samples must be >= 1 and --seq-len >= 2")
     source = resolve_model_path(args.model)
     check_output_folder(Path(args.out), args.overwrite, source)  # before any work
+    if source.suffix == ".gguf":  # a GGUF (smollm2) is quantized from its fp32 form, an HF folder
+        from inferlab.gguf_loader import hf_folder
+        source = hf_folder(source)
     model, tok = load_checkpoint(source, device="cpu", dtype=torch.float32)
     t0 = time.perf_counter()
     qcfg = quantize_model(model, method, bits, group, tokenizer=tok, n_samples=args.calib_samples,

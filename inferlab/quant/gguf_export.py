@@ -48,8 +48,11 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
             tokens[i] = tok
     types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(cfg.vocab_size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in raw["model"]["merges"]]
+    from inferlab.gguf_loader import pre_tokenizer_name
+    user = {t["id"] for t in raw.get("added_tokens", []) if not t.get("special")}
+    types = [gguf.TokenType.USER_DEFINED if i in user else t for i, t in enumerate(types)]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre(pre_tokenizer_name(tokenizer.hf))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
@@ -58,6 +61,9 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
     if cfg.eos_token_ids:
         writer.add_eos_token_id(cfg.eos_token_ids[0])
     writer.add_add_bos_token(False)
+    template = getattr(tokenizer, "chat_template", None)
+    if template is not None and not template.is_default:
+        writer.add_chat_template(template.source)
 
 
 def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite: bool = False) -> Path:

@@ -79,7 +79,7 @@ def test_perplexity_matches_llama_cpp_on_the_same_windows(smollm2_file, smollm2_
     ids = ppl_eval.test_stream(tok)[: 4 * 511 + 1]
     spans = [ids[b:e].tolist() for b, e, _ in ppl_eval.windows(len(ids), 512, 512)]
     ours = ppl_eval.evaluate(model, ids, window=512, stride=512, reference=smollm2_fp32[0])
-    theirs = runner.run(smollm2_file, spans)
+    theirs = runner.score_windows(smollm2_file, ids, ppl_eval.windows(len(ids), 512, 512))
     assert theirs["tokens"] == ours["tokens"]
     ppl_cpp = math.exp(theirs["nll"])
     argmax = torch.tensor([a for span in theirs["argmax"] for a in span])
@@ -90,3 +90,26 @@ def test_perplexity_matches_llama_cpp_on_the_same_windows(smollm2_file, smollm2_
           f"llama.cpp {agreement:.3f}, with inferlab fp32 {ours['agreement']:.3f}")
     assert abs(ours["ppl"] / ppl_cpp - 1) < 0.01, f"inferlab {ours['ppl']:.3f} vs llama.cpp {ppl_cpp:.3f}"
     assert agreement > 0.9
+
+
+def test_quantize_to_gguf_round_trips(tmp_path, smollm2_file, smollm2_stored, smollm2_fp32):
+    """`inferlab quantize --format gguf` on the real model: the file loads back block for block, with
+    its tokenizer (pre-tokenizer `smollm`) and chat template, and llama.cpp runs it."""
+    from inferlab import cli
+    from inferlab.gguf_loader import load_gguf
+    from inferlab.quant.ggml import quantize_q8_0
+
+    assert cli.main(["quantize", "--model", "smollm2", "--method", "q8_0", "--format", "gguf",
+                     "--out", str(tmp_path / "q8")]) == 0
+    path = tmp_path / "q8" / "model.gguf"
+    model, tok = load_gguf(path, device="cpu")
+    _, original = smollm2_stored
+    assert [tok.encode(s) for s in STRINGS] == [original.encode(s) for s in STRINGS]
+    assert tok.chat_template.source == original.chat_template.source
+    q = model.model.layers[2].self_attn.k_proj
+    assert q.ggml_type == "q8_0"
+    assert torch.equal(q.qweight, quantize_q8_0(smollm2_fp32[0].model.layers[2].self_attn.k_proj.weight))
+    ids = ppl_eval.test_stream(tok)[:1023]
+    ours = ppl_eval.evaluate(model, ids, window=512)
+    theirs = math.exp(llama_cpp_runner().score_windows(path, ids, ppl_eval.windows(len(ids), 512, 256))["nll"])
+    assert abs(ours["ppl"] / theirs - 1) < 0.01, f"inferlab {ours['ppl']:.3f} vs llama.cpp {theirs:.3f}"
