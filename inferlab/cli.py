@@ -87,6 +87,17 @@ def dispatch(prog: str, table: dict[str, tuple[str, str]], argv: list[str], noun
         return 2
 
 
+def add_quantization_argument(parser: argparse.ArgumentParser, help_prefix: str = "") -> None:
+    """``--quantization METHOD``, vLLM's flag: ``LLM(quantization=...)``'s choices (see
+    ``inferlab.llm.check_quantization``); a bad name is one line that lists them."""
+    from inferlab.llm import check_quantization
+    from inferlab.quant.methods import METHODS
+
+    parser.add_argument("--quantization", type=check_quantization, default=None, metavar="METHOD",
+                        help=f"{help_prefix}quantize the weights at load with METHOD: {', '.join(METHODS)}; "
+                             "none: no quantization, a GGUF's blocks dequantized to fp32 (default: as stored)")
+
+
 def check_device_args(argv: list[str]) -> None:
     """Check every ``--device X`` before a command loads anything (one line, not torch's traceback)."""
     from inferlab.device import check_device

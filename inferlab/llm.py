@@ -11,6 +11,7 @@ import time
 
 
 from inferlab.attention import get_backend
+from inferlab.chat import Chat, ChatTemplate
 from inferlab.device import default_device, parse_dtype
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
@@ -21,7 +22,7 @@ from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.sampling import SamplingParams
 from inferlab.spec.config import SpeculativeConfig
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "check_quantization", "load_model"]
 
 
 class LLM:
@@ -39,9 +40,11 @@ class LLM:
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
         {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary) or
         {"method": "medusa", "num_speculative_tokens": 3} (Medusa heads, from <model>_medusa).
-    quantization: quantize the linears at load ("int8", "int4", "gptq", "awq", "nf4", "q8_0",
-        "q4_0", "q4_k"; see ``inferlab.quant``). A folder written by ``inferlab quantize`` is
-        already quantized and needs no argument.
+    quantization: vLLM's argument. None (default): the weights as stored. A method of
+        ``inferlab.quant.METHODS`` ("int8", "int4", "gptq", "awq", "nf4", "q8_0", "q4_0",
+        "q4_k" ...): quantize the linears at load. "none": no quantization (a GGUF's blocks are
+        dequantized to fp32; an ordinary folder loads as it is). A folder written by
+        ``inferlab quantize`` is already quantized and needs no argument.
     tensor_parallel_size: split the model over this many processes (``inferlab.parallel``; gloo on
         CPU, NCCL on CUDA). Call ``shutdown()`` to stop them (exiting the process does too).
     """
@@ -62,18 +65,17 @@ class LLM:
             from inferlab.spec.medusa import heads_folder_for
             config.speculative_config = dataclasses.replace(spec, model=str(heads_folder_for(model)))
         backend = get_backend(attention_backend)  # check the knobs before loading anything
+        quantization = check_quantization(quantization)
         self._tp = None
         if tensor_parallel_size != 1:
             from inferlab.parallel.launch import start_parallel
             start_parallel(self, model, tensor_parallel_size, device, dtype, attention_backend, config,
-                           quantization, speculative_config)
+                           None if quantization == "none" else quantization, speculative_config)
             return
-        self.model, self.tokenizer = load_checkpoint(model, device=device,
-                                                     dtype=parse_dtype(dtype, device or default_device()))
-        if quantization is not None:
-            from inferlab.quant import quantize_model
-            self.quantization_config = quantize_model(self.model, quantization, tokenizer=self.tokenizer,
-                                                      progress=False)
+        self.model, self.tokenizer, qcfg = load_model(model, device, parse_dtype(dtype, device or default_device()),
+                                                      quantization)
+        if qcfg is not None:
+            self.quantization_config = qcfg
         self._start(backend, config, str(model))
 
     @classmethod
@@ -106,6 +108,29 @@ class LLM:
         if self.tokenizer is None:
             raise InferlabError(f"{self.model_name} has no tokenizer.json: pass prompt_token_ids instead")
         return self.tokenizer.encode(prompt)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             chat_template: str | ChatTemplate | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Reply to one conversation (a list of {"role", "content"}) or to each of a list of them,
+        as vLLM's ``LLM.chat``: each is rendered through the model's chat template (or
+        ``chat_template``, Jinja source; ``chat_template_kwargs``: more template variables), encoded
+        without adding special tokens again, and generated until the template's end-of-turn token
+        (``inferlab.chat``), which the text leaves out. One output per conversation; its
+        ``prompt`` is the rendered text."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        chat = Chat(self.tokenizer, chat_template)
+        prompts = [chat.prompt(c, add_generation_prompt, **(chat_template_kwargs or {})) for c in conversations]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        outs = self.generate(prompt_token_ids=[ids for _, ids in prompts],
+                             sampling_params=[chat.sampling_params(sp) for sp in sampling_params])
+        for out, (text, _) in zip(outs, prompts):
+            out.prompt = text
+        return outs
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -158,6 +183,33 @@ class LLM:
             out.request_id, out.prompt = str(len(results)), text
             results.append(out)
         return results
+
+
+def check_quantization(method: str | None) -> str | None:
+    """``method`` lower-cased if it is None, "none" or one of ``inferlab.quant.METHODS``; else an
+    error naming the choices (an ``InferlabError``, which the CLI prints as one line, even from
+    an argparse ``type=``: argparse turns only ValueError and TypeError into its usage screen)."""
+    if method is None:
+        return None
+    from inferlab.quant.methods import METHODS
+
+    choices = ("none", *METHODS)
+    if str(method).lower() not in choices:
+        raise InferlabError(f"unknown quantization {method!r}: choose one of {', '.join(choices)}")
+    return str(method).lower()
+
+
+def load_model(model: str, device=None, dtype=None, quantization: str | None = None):
+    """``LLM``'s load: ``(model, tokenizer, quantization_config or None)`` for ``quantization``
+    (see ``LLM``): any value but None reads a stored-quantized model (a GGUF) as fp32 first, and a
+    method then quantizes its linears. The commands that load one model without an ``LLM``
+    (``inferlab eval ppl``, ``inferlab bench spec``) load through this too."""
+    quantization = check_quantization(quantization)
+    net, tokenizer = load_checkpoint(model, device=device, dtype=dtype, dequantize=quantization is not None)
+    if quantization in (None, "none"):
+        return net, tokenizer, None
+    from inferlab.quant import quantize_model
+    return net, tokenizer, quantize_model(net, quantization, tokenizer=tokenizer, progress=False)
 
 
 def step_stats(before: dict, after: dict, seconds: float, batch: int) -> dict:

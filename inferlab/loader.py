@@ -204,7 +204,9 @@ def assemble(model: CausalLM, tensors: dict, expected, unexpected: list[str], fo
     model = model.to(device).eval()
     tokenizer = None
     if (folder / "tokenizer.json").exists():
+        from inferlab.chat import ChatTemplate  # the tokenizer carries the model's chat format
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
+        tokenizer.chat_template = ChatTemplate.from_folder(folder)
     return model, tokenizer
 
 

@@ -1,18 +1,28 @@
-"""A thin wrapper over HF ``tokenizers`` (tokenizer.json): encode, decode, special ids."""
+"""A thin wrapper over HF ``tokenizers`` (tokenizer.json): encode, decode, special ids, and the
+model's chat template (``chat_template``, see ``inferlab.chat``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer as _HFTokenizer
+
+if TYPE_CHECKING:
+    from inferlab.chat import ChatTemplate
 
 EOT = "<|endoftext|>"  # the end-of-text token: separates documents, ends a generation
 
 
 class Tokenizer:
-    def __init__(self, hf: _HFTokenizer, eos_token_ids: tuple[int, ...] = (), bos_token_id: int | None = None):
+    """``chat_template``: how the model lays out a conversation (a ``ChatTemplate``), or None for
+    a model trained on plain text; the loader sets it from the model's files."""
+
+    def __init__(self, hf: _HFTokenizer, eos_token_ids: tuple[int, ...] = (), bos_token_id: int | None = None,
+                 chat_template: ChatTemplate | None = None):
         self.hf = hf
         self.eos_token_ids = tuple(eos_token_ids)
         self.bos_token_id = bos_token_id
+        self.chat_template = chat_template
 
     @classmethod
     def from_file(cls, path: str | Path, eos_token_ids=(), bos_token_id=None) -> "Tokenizer":

@@ -30,7 +30,7 @@ from collections import deque
 import torch
 
 from inferlab.bench.stats import decode_step_seconds, percentile, step_costs
-from inferlab.cli import HelpFormatter
+from inferlab.cli import HelpFormatter, add_quantization_argument
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
 
@@ -128,13 +128,15 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, 
 
 def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs: int = 16, seed: int = 0,
                      device: str | None = None, request_rate: float = float("inf"),
-                     enable_prefix_caching: bool = True, repeats: int = 3, num_kv_blocks: int | None = None) -> dict:
+                     enable_prefix_caching: bool = True, repeats: int = 3, num_kv_blocks: int | None = None,
+                     quantization: str | None = None) -> dict:
     """Continuous vs static batching on one seeded workload, in one process, alternating, best of
-    ``repeats`` each. Every run gets a fresh engine (a cold prefix cache) and a warm-up first."""
+    ``repeats`` each. Every run gets a fresh engine (a cold prefix cache) and a warm-up first;
+    ``quantization`` is ``LLM``'s."""
     workload = make_workload(num_requests, seed, request_rate=request_rate)
     warm = make_workload(max_num_seqs, seed + 1, max_tokens=16, num_system_prompts=0)
     common = dict(model=model, device=device, max_num_seqs=max_num_seqs, enable_prefix_caching=enable_prefix_caching,
-                  num_kv_blocks=num_kv_blocks)
+                  num_kv_blocks=num_kv_blocks, quantization=quantization)
     runs: dict[str, dict] = {}
     completed, leaked = num_requests, 0  # over every run, not only the best ones
     for _ in range(repeats):
@@ -158,7 +160,7 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
             "leaked_blocks": leaked,
             "step_costs": step_costs(records), "decode_step_s": decode_step_seconds(records),
             "threads": torch.get_num_threads(),
-            "model": model, "max_num_seqs": max_num_seqs, "seed": seed, "request_rate": request_rate,
+            "model": model, "quantization": quantization, "max_num_seqs": max_num_seqs, "seed": seed, "request_rate": request_rate,
             "repeats": repeats,
             "continuous": c, "static": st}
 
@@ -183,6 +185,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=3, help="offline: best of this many runs per policy")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts, lengths, arrivals)")
     p.add_argument("--device", default=None, help="offline: cpu or cuda (default: cuda when available)")
+    add_quantization_argument(p, "offline: ")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if args.num_requests < 1 or args.max_num_seqs < 1 or args.repeats < 1:
@@ -195,7 +198,8 @@ def main(argv: list[str]) -> int:
     if not models:
         p.error("--model needs at least one model name")
     reports = [compare_policies(m, args.num_requests, args.max_num_seqs, args.seed, args.device, args.request_rate,
-                                not args.no_prefix_caching, args.repeats, args.num_kv_blocks) for m in models]
+                                not args.no_prefix_caching, args.repeats, args.num_kv_blocks, args.quantization)
+               for m in models]
     if args.json:
         clean = [_without_records(r) for r in reports]
         print(json.dumps(_rounded(clean[0] if len(clean) == 1 else {"models": clean})))

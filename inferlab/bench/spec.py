@@ -32,6 +32,7 @@ from inferlab.corpus import load_corpus
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.generate import generate
+from inferlab.llm import load_model
 from inferlab.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.errors import InferlabError
@@ -96,8 +97,9 @@ def _heads_cost(model, heads, k: int, repeats: int = 20, batch: int = 1) -> floa
 
 
 def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: int = 4,
-        prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 2) -> dict:
-    tmodel, tok = load_checkpoint(target, device="cpu")
+        prompt_tokens: int = 128, new_tokens: int = 64, repeats: int = 2, quantization: str | None = None) -> dict:
+    """The contiguous table; ``quantization`` (``LLM``'s) applies to the target, the draft stays as stored."""
+    tmodel, tok, _ = load_model(target, "cpu", quantization=quantization)
     dmodel, _ = load_checkpoint(draft, device="cpu")
     heads, no_heads = medusa_heads(target, tmodel)
     prompts = held_out_prompts(tok, num_prompts, prompt_tokens)
@@ -150,7 +152,8 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
                      "draft_cost_ratio": c, "verify_cost_ratio": v,
                      "predicted_speedup": predicted_speedup(alpha, k, c, v),
                      "outputs_identical": outs == plain_out})
-    return {"path": "contiguous reference loop, batch 1, greedy", "target": target, "draft": draft,
+    return {"path": "contiguous reference loop, batch 1, greedy", "target": target, "quantization": quantization,
+            "draft": draft,
             "prompts": len(prompts), "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
             "threads": torch.get_num_threads(), "baseline_tokens_per_s": total_new / best_plain,
             "methods": rows, **({"medusa_skipped": no_heads} if heads is None else {})}
@@ -220,6 +223,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
 
 
 def main(argv: list[str]) -> int:
+    from inferlab.cli import add_quantization_argument
+
     p = argparse.ArgumentParser(prog="inferlab bench spec", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="target", help="target model (default: target)")
     p.add_argument("--draft", default="draft", help="draft model (default: draft)")
@@ -229,13 +234,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=2, help="timed repeats, best kept (default: 2)")
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16],
                    help="batch sizes of the engine table (default: 1 4 16; none: skip it)")
+    add_quantization_argument(p, "the target: ")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if min(args.k) < 1 or args.prompts < 1 or args.new_tokens < 1 or args.repeats < 1 or min(args.batch_sizes or [1]) < 1:
         p.error("--k, --prompts, --new-tokens, --repeats and --batch-sizes must be >= 1")
-    res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats)
+    res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats,
+              args.quantization)
     if args.batch_sizes:
-        model, tok = load_checkpoint(args.target, device="cpu")
+        model, tok, _ = load_model(args.target, "cpu", quantization=args.quantization)
         heads, _ = medusa_heads(args.target, model)
         res["engine"] = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens,
                                      args.repeats, methods=("ngram", "draft") + (("medusa",) if heads is not None else ()),

@@ -128,7 +128,7 @@ def test_stream(tokenizer, split: str = "test", max_files: int | None = None) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from inferlab.cli import HelpFormatter
+    from inferlab.cli import HelpFormatter, add_quantization_argument
 
     p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab eval ppl",
                                 description="Perplexity of a model on a split of the stdlib corpus (sliding window).")
@@ -141,19 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, help="compute dtype (default: float32 on CPU, bf16 on GPU)")
+    add_quantization_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     return p
 
 
 def main(argv: list[str]) -> int:
     from inferlab.device import default_device, parse_dtype
-    from inferlab.loader import load_checkpoint
+    from inferlab.llm import load_model
 
     args = build_parser().parse_args(argv)
     if args.max_tokens is not None and args.max_tokens < 1:
         raise InferlabError("--max-tokens must be >= 1")
     device = args.device or default_device()
-    model, tok = load_checkpoint(args.model, device=device, dtype=parse_dtype(args.dtype, device))
+    model, tok, _ = load_model(args.model, device, parse_dtype(args.dtype, device), args.quantization)
     if tok is None:
         raise InferlabError(f"{args.model} has no tokenizer.json: perplexity needs the model's tokenizer")
     ids = test_stream(tok, args.split)
@@ -162,10 +163,13 @@ def main(argv: list[str]) -> int:
     proto = protocol(res, args.split, len(ids) - 1)
     out = {"model": args.model, "ppl": round(res["ppl"], 4), "nll_per_token": round(res["nll_per_token"], 5),
            "tokens": res["tokens"], "ppl_protocol": proto}
+    if args.quantization is not None:
+        out["quantization"] = args.quantization
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.model}: perplexity {out['ppl']:.3f} ({out['nll_per_token']:.4f} nats/token; {describe(proto)})")
+        name = args.model if args.quantization is None else f"{args.model} ({args.quantization})"
+        print(f"{name}: perplexity {out['ppl']:.3f} ({out['nll_per_token']:.4f} nats/token; {describe(proto)})")
     return 0
 
 

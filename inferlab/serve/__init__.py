@@ -4,7 +4,7 @@
     streams.py       outputs on their way out: one-slot request streams, their merge, SSE
     protocol.py      OpenAI's request/response bodies (pydantic)
     serving.py       /v1/completions and /v1/chat/completions: prompts in, JSON or SSE out
-    chat.py          chat messages -> one prompt (the model's chat template or a plain default)
+    chat.py          where inferlab.chat used to live (chat templates belong to the model's tokenizer)
     metrics.py       /metrics in Prometheus format, under vLLM's metric names
     limits.py        what is refused before any work: size caps, the API key, a full queue (429)
     api_server.py    the FastAPI app: routes, OpenAI-style errors, client disconnects
@@ -28,6 +28,8 @@ _PLAIN = "inferlab serve: an OpenAI-compatible HTTP server on the engine"
 
 
 def parser() -> argparse.ArgumentParser:
+    from inferlab.cli import add_quantization_argument
+
     p = argparse.ArgumentParser(prog="inferlab serve", description=_PLAIN)
     p.add_argument("--model", default="target", help="embedded name, HF folder or hub id (default: target)")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
@@ -35,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, help="float32, float16 or bfloat16 (default: the device's usual one)")
+    add_quantization_argument(p)
     p.add_argument("--block-size", type=int, default=16, help="KV cache slots per block (default: 16)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV blocks in the pool (default: max-num-seqs full contexts, capped by memory)")
@@ -122,6 +125,7 @@ def main(argv: list[str]) -> int:
                             f"pip install 'inferlab[serve]'") from None
 
     app = make_app(args.model, args.served_model_name, limits, device=args.device, dtype=args.dtype,
+                   quantization=args.quantization,
                    block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,

@@ -1,7 +1,7 @@
 """``inferlab serve``: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn, as vLLM).
 
     POST /v1/completions         prompt -> text, streamed as server-sent events with "stream": true
-    POST /v1/chat/completions    messages -> reply (the model's chat template, see chat.py)
+    POST /v1/chat/completions    messages -> reply (the model's chat template, see inferlab/chat.py)
     GET  /v1/models              the served model
     GET  /health                 200 while the engine loop runs, 503 after it died
     GET  /metrics                Prometheus text format, vLLM's metric names (metrics.py)
@@ -25,9 +25,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferlab.chat import ChatTemplate
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine, EngineDeadError
-from inferlab.serve.chat import ChatTemplate
 from inferlab.serve.limits import ApiKeyCheck, BodySizeLimit, QueueFullError, ServerLimits
 from inferlab.serve.metrics import CONTENT_TYPE, ServerMetrics, engine_stats
 from inferlab.serve.serving import ApiError, EventStream, OpenAIServing
@@ -37,7 +37,8 @@ log = logging.getLogger("inferlab.serve")
 
 def build_app(engine, tokenizer, model_name: str, chat_template: ChatTemplate | None = None,
               root: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
-    """The ASGI app over an ``LLMEngine``; it starts the engine loop now and stops it at shutdown."""
+    """The ASGI app over an ``LLMEngine``; it starts the engine loop now and stops it at shutdown.
+    Chat uses the tokenizer's template unless ``chat_template`` overrides it."""
     limits = limits or ServerLimits()
     metrics = ServerMetrics(model_name)
     async_engine = AsyncLLMEngine(engine, on_step=metrics.observe)

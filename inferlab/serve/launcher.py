@@ -17,7 +17,6 @@ import time
 import uvicorn
 
 from inferlab.serve.api_server import build_app
-from inferlab.serve.chat import ChatTemplate
 from inferlab.serve.limits import ServerLimits
 
 log = logging.getLogger("inferlab.serve")
@@ -32,8 +31,8 @@ def make_app(model: str = "target", served_model_name: str | None = None, limits
 
     llm = LLM(model=model, **llm_kwargs)
     folder = resolve_model_path(model)
-    return build_app(llm.llm_engine, llm.tokenizer, served_model_name or str(model),
-                     ChatTemplate.from_folder(folder), root=str(folder), limits=limits)
+    return build_app(llm.llm_engine, llm.tokenizer, served_model_name or str(model), root=str(folder),
+                     limits=limits)
 
 
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:

@@ -19,11 +19,11 @@ import contextlib
 import time
 from typing import AsyncIterator
 
+from inferlab.chat import Chat, ChatTemplate, ChatTemplateError
 from inferlab.context import ContextLengthError, fit_max_tokens
 from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine
-from inferlab.serve.chat import ChatTemplate
 from inferlab.serve.limits import QueueFullError, ServerLimits, request_problem
 from inferlab.serve.streams import EventStream, RequestStream, collect_finals, merge_streams, sse
 
@@ -41,7 +41,8 @@ class OpenAIServing:
                  chat_template: ChatTemplate | None = None, root: str | None = None,
                  limits: ServerLimits | None = None):
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
-        self.chat_template = chat_template or ChatTemplate()
+        # the model's own template (its tokenizer carries it), unless the caller gives another
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None) or ChatTemplate()
         self.root = root
         self.limits = limits or ServerLimits()
         # one worker, as vLLM's tokenizer executor: prompts are tokenized in arrival order
@@ -131,12 +132,15 @@ class OpenAIServing:
         return prompts
 
     async def _submit(self, request_id: str, prompts: list[list[int]], req, max_tokens: int | None,
-                      arrival: float) -> list[RequestStream]:
-        """All prompts queued in the engine together (or none), streaming or final-only."""
+                      arrival: float, chat: Chat | None = None) -> list[RequestStream]:
+        """All prompts queued in the engine together (or none), streaming or final-only; a ``chat``
+        request also stops at its template's end-of-turn token."""
         batch = []
         for i, ids in enumerate(prompts):
             try:
                 params = req.sampling_params(self._max_tokens(max_tokens, len(ids)))
+                if chat is not None:
+                    params = chat.sampling_params(params)
             except ValueError as exc:
                 raise ApiError(str(exc)) from None
             batch.append((f"{request_id}-{i}", ids, params))
@@ -193,10 +197,10 @@ class OpenAIServing:
         self._check(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         with self._admission():
-            ids = await self._off_loop(self._chat_prompt, messages)
+            ids, chat = await self._off_loop(self._chat_prompt, messages)
             rid = P.new_id("chatcmpl")
             max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-            streams = await self._submit(rid, [ids], req, max_tokens, arrival)
+            streams = await self._submit(rid, [ids], req, max_tokens, arrival, chat)
         if req.stream:
             return EventStream(self._chat_events(rid, req, streams), streams)
         (out,) = await collect_finals(streams)
@@ -204,15 +208,19 @@ class OpenAIServing:
                                 finish_reason=c.finish_reason) for c in out.outputs]
         return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
 
-    def _chat_prompt(self, messages: list[dict]) -> list[int]:
+    def _chat_prompt(self, messages: list[dict]) -> tuple[list[int], Chat]:
+        """The prompt's ids and the ``Chat`` that made them: ``LLM.chat``'s path, so the server
+        prompts and stops as the offline API does."""
+        if self.tokenizer is None:
+            raise ApiError("this model has no tokenizer.json: use /v1/completions with token ids", param="messages")
+        chat = Chat(self.tokenizer, self.chat_template)
         try:
-            text = self.chat_template.render(messages)
-        except Exception as exc:  # the template refused the conversation (jinja2's TemplateError...)
-            raise ApiError(f"the chat template could not render these messages: {exc}", param="messages") from None
-        ids = self._encode(text, add_special_tokens=self.chat_template.is_default)
+            _, ids = chat.prompt(messages)
+        except ChatTemplateError as exc:  # the template refused the conversation, or does not compile
+            raise ApiError(str(exc), param="messages") from None
         if not ids:
             raise ApiError("the messages are empty: give some content", param="messages")
-        return ids
+        return ids, chat
 
     async def _chat_events(self, rid, req, streams) -> AsyncIterator[str]:
         def chunk(choices, usage=None):

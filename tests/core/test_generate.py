@@ -196,3 +196,41 @@ def test_help_describes_every_option_with_its_default_and_no_markup(command, cap
         assert action.help, f"{command} {action.option_strings[0]} has no description"
         if action.default not in (None, False):
             assert "default" in parser._get_formatter()._get_help_string(action), action.option_strings
+
+
+# ---- --quantization (vLLM's flag) on the commands that load one model -----------------------------
+
+def test_cli_quantization_int8_runs_the_quantized_model(capsys):
+    from inferlab.quant import QuantLinear
+
+    assert main(["generate", "def fib(n):", "--model", "target", "--device", "cpu", "--max-tokens", "8",
+                 "--quantization", "int8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    llm = LLM("target", device="cpu", quantization="int8")
+    assert any(isinstance(m, QuantLinear) for m in llm.model.modules())
+    want = llm.generate(["def fib(n):"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
+    assert data["token_ids"] == want.token_ids
+
+
+def test_quantization_none_is_no_quantization():
+    from inferlab.quant import QuantLinear
+
+    llm = LLM("target", device="cpu", quantization="none")
+    assert not any(isinstance(m, QuantLinear) for m in llm.model.modules())
+    assert not hasattr(llm, "quantization_config")
+
+
+@pytest.mark.parametrize("command", [["generate", "x"], ["serve"], ["eval", "ppl"], ["bench", "serve"], ["bench", "spec"]])
+def test_a_bad_quantization_is_one_line_naming_the_choices(command, capsys):
+    assert main([*command, "--quantization", "int9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown quantization 'int9': choose one of none, int8, int4" in err, err
+
+
+@pytest.mark.parametrize("command,key", [(["eval", "ppl", "--max-tokens", "200"], "ppl"),
+                                         (["bench", "serve", "--num-requests", "2", "--max-num-seqs", "2",
+                                           "--repeats", "1"], "continuous_tokens_per_s")])
+def test_eval_and_bench_run_quantized(command, key, capsys):
+    assert main([*command, "--model", "target", "--device", "cpu", "--quantization", "int8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quantization"] == "int8" and data[key] > 0

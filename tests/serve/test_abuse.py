@@ -133,10 +133,10 @@ def test_tokenizing_and_templating_run_off_the_event_loop(guarded, client, monke
 
     render = serving.chat_template.render
 
-    def slow_render(messages):
+    def slow_render(*args, **kwargs):
         threads.append(threading.current_thread().name)
         time.sleep(2.0)
-        return render(messages)
+        return render(*args, **kwargs)
 
     monkeypatch.setattr(serving, "tokenizer", Slow(serving.tokenizer))
     monkeypatch.setattr(serving.chat_template, "render", slow_render)

@@ -1,4 +1,5 @@
-"""Chat prompts: a folder's own chat template renders as transformers' ``apply_chat_template``."""
+"""Chat prompts: a folder's own chat template renders as transformers' ``apply_chat_template``, and
+the server prompts and stops as ``LLM.chat`` does (one path, ``inferlab.chat``)."""
 from __future__ import annotations
 
 import json
@@ -6,9 +7,11 @@ import shutil
 
 import pytest
 
+from inferlab import LLM, SamplingParams
+from inferlab.chat import ChatTemplate
 from inferlab.loader import resolve_model_path
-from inferlab.serve.chat import ChatTemplate
 from inferlab.serve.launcher import ServerThread, make_app
+from tests.core.chat_folder import IM_END, make_chat_model
 
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -41,7 +44,13 @@ def test_folder_template_renders_as_transformers(chat_folder):
 
 
 def test_default_template_joins_contents():
-    assert ChatTemplate.from_folder(None).render(MESSAGES) == "You write Python.\ndef add(a, b):\n    return a + b\nnow sub"
+    assert ChatTemplate.from_folder(resolve_model_path("draft")) is None  # a code model has no chat format
+    assert ChatTemplate().render(MESSAGES) == "You write Python.\ndef add(a, b):\n    return a + b\nnow sub"
+
+
+def test_the_old_import_still_works():
+    from inferlab.serve.chat import ChatTemplate as Moved
+    assert Moved is ChatTemplate
 
 
 def test_template_refusal_is_a_400(chat_folder):
@@ -69,3 +78,25 @@ def test_server_prompts_with_the_folder_template(chat_folder):
         assert r.usage.prompt_tokens == len(ids)
         plain = client.completions.create(model="tiny", prompt=list(ids), max_tokens=4, temperature=0)
         assert r.choices[0].message.content == plain.choices[0].text
+
+
+def test_server_and_llm_chat_prompt_and_stop_alike(tmp_path):
+    """The same messages give the same prompt ids, the same reply and the same stop at the
+    end-of-turn token, streamed or not."""
+    from openai import OpenAI
+
+    conversation = [{"role": "user", "content": "How do I reset my password?"}]
+    folder = make_chat_model(tmp_path, conversation)
+    want = LLM(str(folder), device="cpu").chat(conversation, SamplingParams(temperature=0, max_tokens=24))[0]
+    assert want.outputs[0].token_ids[-1] == IM_END and want.outputs[0].finish_reason == "stop"
+    with ServerThread(make_app(str(folder), served_model_name="tiny", device="cpu")) as server:
+        ids, _ = server.app.state.serving._chat_prompt(conversation)
+        assert ids == want.prompt_token_ids
+        client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        r = client.chat.completions.create(model="tiny", messages=conversation, max_tokens=24, temperature=0)
+        assert r.choices[0].message.content == want.outputs[0].text and r.choices[0].finish_reason == "stop"
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), len(want.outputs[0].token_ids))
+        chunks = list(client.chat.completions.create(model="tiny", messages=conversation, max_tokens=24,
+                                                     temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.outputs[0].text
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"

@@ -79,3 +79,22 @@ def test_bad_limits_are_one_line_errors(capsys, argv, message):
         main(["serve", *argv])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_quantization_reaches_the_served_model(monkeypatch):
+    """`inferlab serve --quantization int8` serves the quantized model (the app is caught before it
+    would listen, then run on a thread)."""
+    from openai import OpenAI
+
+    from inferlab.quant import QuantLinear
+    from inferlab.serve import launcher
+
+    apps = []
+    monkeypatch.setattr(launcher, "serve", lambda app, *args: apps.append(app))
+    assert main(["serve", "--model", "target", "--device", "cpu", "--max-num-seqs", "2", "--quantization", "int8"]) == 0
+    (app,) = apps
+    assert any(isinstance(m, QuantLinear) for m in app.state.engine.engine.model.modules())
+    with launcher.ServerThread(app) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        r = client.completions.create(model="target", prompt="def f(x):", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4
