@@ -20,8 +20,9 @@ Q8_0, Q4_1, Q4_K ...). Reading it takes three translations, all done here with l
   every other type (Q6_K, Q5_0 ...) are dequantized to fp32. The token embedding is a lookup
   table and is dequantized too (so is a lm_head tied to it).
 - ``"none"``: every tensor dequantized to fp32, the baseline the lessons compare against. The
-  result is also written once as an ordinary HF folder under ``~/.cache/inferlab/gguf/<hash>``
-  (:func:`hf_folder`), so later loads, transformers and tensor-parallel ranks read safetensors.
+  result is written once as an ordinary HF folder under ``~/.cache/inferlab/gguf/<hash>``
+  (:func:`hf_folder`), which ``inferlab.loader`` then reads like any other (so can transformers
+  and tensor-parallel ranks).
 - a method (``"int8"``, ``"q4_k"`` ...): ``LLM`` re-quantizes the fp32 weights with it.
 """
 from __future__ import annotations
@@ -179,9 +180,8 @@ def read_tokenizer(reader, path: Path, config: ModelConfig) -> Tokenizer:
     tokenizer = Tokenizer(hf, tuple(dict.fromkeys(eos)), bos)
     template = _field(reader, "tokenizer.chat_template", None)
     if template is not None:
-        _attach_chat_template(tokenizer, template, {
-            "bos_token": tokens[bos] if bos is not None else None,
-            "eos_token": tokens[eos[0]] if eos else None})
+        from inferlab.chat import ChatTemplate, special_tokens_of
+        tokenizer.chat_template = ChatTemplate(template, special_tokens_of(tokenizer))
     return tokenizer
 
 
@@ -206,9 +206,6 @@ def pre_tokenizer_name(hf) -> str:
                         f"GGUF export writes {', '.join(sorted(set(PRE_TOKENIZERS)))}")
 
 
-def _attach_chat_template(tokenizer: Tokenizer, source: str, special: dict) -> None:
-    from inferlab.serve.chat import ChatTemplate
-    tokenizer.chat_template = ChatTemplate(source, special)
 
 
 def hf_name(gguf_name: str) -> str:
@@ -271,22 +268,18 @@ def _read_tensors(reader, config: ModelConfig, as_stored: bool) -> tuple[dict[st
     return tensors, packed
 
 
-def load_gguf(path: str | os.PathLike, device=None, dtype=None, as_stored: bool = True):
-    """``(model, tokenizer)`` from a GGUF file: its blocks as stored, or every tensor in fp32."""
-    from inferlab import loader
-    from inferlab.device import default_device, default_dtype
+def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """The pieces of a GGUF model with its blocks as stored, for ``inferlab.loader`` to assemble:
+    (the model built on the meta device, its tensors, the names it expects, the names the file has
+    beyond them, the tokenizer)."""
     from inferlab.model import CausalLM
     from inferlab.quant.ggml import GGMLLinear
 
     path = Path(path)
-    if not as_stored:  # read the cached safetensors folder (made on first use)
-        return loader.load_checkpoint(hf_folder(path), device=device, dtype=dtype)
     reader = _reader(path)
     config = read_config(reader, path)
     tokenizer = read_tokenizer(reader, path, config)
-    tensors, packed = _read_tensors(reader, config, as_stored)
-    device = torch.device(device or default_device())
-    dtype = dtype or default_dtype(device)
+    tensors, packed = _read_tensors(reader, config, as_stored=True)
 
     def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
         if name in packed:
@@ -296,18 +289,16 @@ def load_gguf(path: str | os.PathLike, device=None, dtype=None, as_stored: bool 
     with torch.device("meta"):
         model = CausalLM(config, build)
     state = model.checkpoint_state_dict()
+    unexpected = [k for k in tensors if k not in state]
+    for key in unexpected:
+        del tensors[key]
     for key, value in tensors.items():
-        if key not in state:
-            continue  # reported by assemble as unexpected
         if tuple(value.shape) != tuple(state[key].shape):
             raise CheckpointError(f"{path.name}: tensor {key} has shape {tuple(value.shape)}, the metadata "
                                   f"implies {tuple(state[key].shape)}")
-        tensors[key] = value if value.dtype == torch.uint8 else value.to(dtype)
-    unexpected = [k for k in tensors if k not in state]
-    for k in unexpected:
-        del tensors[k]
-    model, _ = loader.assemble(model, tensors, state.keys(), unexpected, path, device)
-    return model, tokenizer
+        if value.dtype != torch.uint8:  # packed blocks keep their bytes
+            tensors[key] = value.to(dtype)
+    return model, tensors, list(state.keys()), unexpected, tokenizer
 
 
 def file_key(path: Path) -> str:

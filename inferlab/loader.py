@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from inferlab import moe, random_model
+from inferlab import gguf_loader, moe, random_model
 from inferlab.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
@@ -134,12 +134,14 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None, dequ
     A .gguf file loads through ``inferlab.gguf_loader``: its blocks as stored, or every tensor in
     fp32 with ``dequantize=True`` (which a folder's weights already are, unless it is quantized)."""
     folder = resolve_model_path(path_or_id)
-    if folder.suffix == ".gguf" and folder.is_file():
-        from inferlab.gguf_loader import load_gguf
-        return load_gguf(folder, device=device, dtype=dtype, as_stored=not dequantize)
-    config = load_config(folder)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
+    if gguf_loader.is_gguf(folder):
+        if not dequantize:  # the blocks as stored
+            model, tensors, expected, unexpected, tokenizer = gguf_loader.read_model(folder, dtype)
+            return assemble(model, tensors, expected, unexpected, folder, device)[0], tokenizer
+        folder = gguf_loader.hf_folder(folder)  # fp32: the cached HF folder made from the file
+    config = load_config(folder)
     qcfg = _quantization_config(folder)
     with torch.device("meta"):
         model = CausalLM(config, _linear_factory(qcfg))
@@ -240,6 +242,10 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if tokenizer is not None:
             tokenizer.save(tmp / "tokenizer.json")
+            template = getattr(tokenizer, "chat_template", None)
+            if template is not None and not template.is_default:  # where transformers 5 writes it
+                (tmp / "chat_template.jinja").write_text(template.source, encoding="utf-8")
+                (tmp / "tokenizer_config.json").write_text(json.dumps(template.special_tokens, indent=2) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
     return Path(folder)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inferlab.errors import CheckpointError
-from inferlab.gguf_loader import hf_folder, load_gguf, unpermute_rope
+from inferlab.gguf_loader import hf_folder, unpermute_rope
 from inferlab.loader import load_checkpoint
 from inferlab.quant import quantize_model
 from inferlab.quant.gguf_export import rope_permute, write_gguf
@@ -33,7 +33,7 @@ def test_unpermute_inverts_the_writers_permutation():
 
 def test_f32_file_gives_the_folders_logits(tmp_path, target, ids):
     path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
-    model, tok = load_gguf(path, device="cpu", as_stored=True)
+    model, tok = load_checkpoint(path, device="cpu")
     with torch.no_grad():
         assert torch.allclose(model(ids), target[0](ids), atol=1e-5, rtol=0)
     assert tok.encode("def fib(n): return 'naïve'  \n") == target[1].encode("def fib(n): return 'naïve'  \n")
@@ -47,13 +47,13 @@ def test_packed_file_keeps_its_blocks(tmp_path, target, ids, method, monkeypatch
     quantize_model(quantized, method, progress=False)
     path = write_gguf(quantized, target[1], tmp_path / "m", method)
     monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path / "cache"))
-    stored, _ = load_gguf(path, device="cpu", as_stored=True)
+    stored, _ = load_checkpoint(path, device="cpu")
     q = stored.model.layers[1].self_attn.q_proj
     assert isinstance(q, GGMLLinear) and q.ggml_type == method
     assert torch.equal(q.qweight, quantized.model.layers[1].self_attn.q_proj.qweight)  # rows back in HF order
     with torch.no_grad():
         assert torch.equal(stored(ids), quantized(ids))
-    fp32, _ = load_gguf(path, device="cpu", as_stored=False)  # dequantized, through the cached folder
+    fp32, _ = load_checkpoint(path, device="cpu", dequantize=True)  # dequantized, through the cached folder
     assert type(fp32.model.layers[1].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(fp32.model.layers[1].self_attn.q_proj.weight, q.dequantize())
     folder = hf_folder(path)
@@ -95,7 +95,7 @@ def test_truncated_file(tmp_path, target):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointError) as exc:
-        load_gguf(cut, device="cpu")
+        load_checkpoint(cut, device="cpu")
     assert "truncated" in _one_line(exc)
 
 
@@ -109,14 +109,14 @@ def test_not_a_gguf_file(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     with pytest.raises(CheckpointError) as exc:
-        load_gguf(_tiny_gguf(tmp_path / "m.gguf", arch="mamba"), device="cpu")
+        load_checkpoint(_tiny_gguf(tmp_path / "m.gguf", arch="mamba"), device="cpu")
     assert "'mamba' is not supported" in _one_line(exc)
 
 
 def test_tensor_type_without_a_loader(tmp_path):
     path = _tiny_gguf(tmp_path / "m.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_K)
     with pytest.raises(CheckpointError) as exc:
-        load_gguf(path, device="cpu")
+        load_checkpoint(path, device="cpu")
     assert "Q8_K" in _one_line(exc)
 
 
@@ -165,7 +165,7 @@ def test_every_tensor_type_loads_as_gguf_decodes_it(tmp_path, target, ids):
     Q = gguf.GGMLQuantizationType
     types = {"attn_q": Q.Q5_0, "attn_k": Q.BF16, "attn_v": Q.F16, "ffn_up": Q.Q8_0, "ffn_down": Q.Q4_1}
     path = _retyped(write_gguf(target[0], target[1], tmp_path / "m", "f32"), tmp_path / "mixed.gguf", types)
-    model, _ = load_gguf(path, device="cpu", as_stored=True)
+    model, _ = load_checkpoint(path, device="cpu")
     layer, ref = model.model.layers[1], target[0].model.layers[1]
     assert type(layer.self_attn.q_proj) is torch.nn.Linear and layer.mlp.up_proj.ggml_type == "q8_0"
     assert layer.mlp.down_proj.ggml_type == "q4_1"
@@ -184,3 +184,15 @@ def test_every_tensor_type_loads_as_gguf_decodes_it(tmp_path, target, ids):
     with torch.no_grad():
         a, b = model(ids), target[0](ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_saved_folder_keeps_the_chat_template(tmp_path, target):
+    from inferlab.chat import ChatTemplate
+    from inferlab.loader import save_checkpoint
+    model, tok = load_checkpoint("target", device="cpu")
+    tok.chat_template = ChatTemplate("{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}",
+                                     {"eos_token": "<|endoftext|>"})
+    save_checkpoint(model, tok, tmp_path / "m")
+    _, back = load_checkpoint(tmp_path / "m", device="cpu")
+    assert back.chat_template.source == tok.chat_template.source
+    assert back.chat_template.special_tokens == {"eos_token": "<|endoftext|>"}

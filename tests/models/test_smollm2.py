@@ -96,13 +96,13 @@ def test_quantize_to_gguf_round_trips(tmp_path, smollm2_file, smollm2_stored, sm
     """`inferlab quantize --format gguf` on the real model: the file loads back block for block, with
     its tokenizer (pre-tokenizer `smollm`) and chat template, and llama.cpp runs it."""
     from inferlab import cli
-    from inferlab.gguf_loader import load_gguf
+    from inferlab.loader import load_checkpoint
     from inferlab.quant.ggml import quantize_q8_0
 
     assert cli.main(["quantize", "--model", "smollm2", "--method", "q8_0", "--format", "gguf",
                      "--out", str(tmp_path / "q8")]) == 0
     path = tmp_path / "q8" / "model.gguf"
-    model, tok = load_gguf(path, device="cpu")
+    model, tok = load_checkpoint(path, device="cpu")
     _, original = smollm2_stored
     assert [tok.encode(s) for s in STRINGS] == [original.encode(s) for s in STRINGS]
     assert tok.chat_template.source == original.chat_template.source
