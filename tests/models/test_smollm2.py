@@ -113,3 +113,17 @@ def test_quantize_to_gguf_round_trips(tmp_path, smollm2_file, smollm2_stored, sm
     ours = ppl_eval.evaluate(model, ids, window=512)
     theirs = math.exp(llama_cpp_runner().score_windows(path, ids, ppl_eval.windows(len(ids), 512, 256))["nll"])
     assert abs(ours["ppl"] / theirs - 1) < 0.01, f"inferlab {ours['ppl']:.3f} vs llama.cpp {theirs:.3f}"
+
+
+def test_chat_renders_as_transformers_and_stops_at_the_end_of_turn(smollm2_stored, smollm2_transformers):
+    model, tok = smollm2_stored
+    _, hf_tok = smollm2_transformers
+    messages = [{"role": "user", "content": "How do I reset my password?"}]
+    expected = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert tok.chat_template.render(messages) == expected  # the default system prompt included
+    llm = LLM.from_model(model, tok)
+    (out,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=200))
+    assert out.prompt_token_ids == hf_tok(expected, add_special_tokens=False)["input_ids"]
+    reply = out.outputs[0]
+    assert reply.finish_reason == "stop" and reply.token_ids[-1] == 2  # <|im_end|>
+    assert "<|im_end|>" not in reply.text and "password" in reply.text.lower()
