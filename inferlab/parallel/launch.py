@@ -22,9 +22,13 @@ def start_parallel(llm, model: str, world: int, device, dtype, attention_backend
                                   "quantize --model M --method int8 --out DIR`), then load DIR with tensor_parallel_size=N")
     if speculative_config is not None:
         raise TensorParallelError("speculative decoding runs with tensor_parallel_size=1 only")
+    from inferlab import gguf_loader
     from inferlab.loader import load_config, resolve_model_path
+    path = resolve_model_path(model)
+    if gguf_loader.is_gguf(path):  # llama.cpp blocks do not shard: the ranks read its fp32 HF folder
+        model = str(path := gguf_loader.hf_folder(path))
     # heads that do not divide, and the like: refused before any process starts
-    TensorParallelFactory(load_config(resolve_model_path(model)), 0, world)
+    TensorParallelFactory(load_config(path), 0, world)
     device = device or default_device()
     if str(device).startswith("cuda"):
         import torch
