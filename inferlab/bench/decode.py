@@ -5,7 +5,8 @@ and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: i
 (``LLM.generate``: scheduler, paged KV cache), the same engine with its decode step compiled
 (``enforce_eager=False``, fp32, int8 and int4 rows: one graph per batch size), its contiguous-cache reference path
 (``inferlab.generate``), transformers ``generate`` (fp32/fp16), and llama.cpp on a GGUF of the
-same weights when ``llama-cpp-python`` is installed (one thread, as this process by default).
+same weights when ``llama-cpp-python`` is installed (as many threads as this process). ``--model smollm2
+--precisions stored,fp32,...``: a GGUF as the file holds it, beside llama.cpp on that very file.
 Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
 rate is the difference (prefill excluded: a quantized prompt dequantizes its weights). The runs of
 one model are interleaved, round-robin, each keeping its best of ``--repeats`` (after a warm-up that
@@ -31,6 +32,8 @@ from inferlab.quant.base import QuantizationError
 PROMPT = "def fibonacci(n):\n    "
 MODELS = ("target", "random-80m")
 PRECISIONS = ("fp32", "fp16", "int8", "int4", "q8_0", "q4_k")
+# "stored": a GGUF's blocks as the file holds them (smollm2's Q4_1), beside llama.cpp on the same file
+CHOICES = PRECISIONS + ("q4_0", "q4_1", "nf4", "stored")
 COMPILED = ("fp32", "int8", "int4")  # also timed with a compiled decode step (each compiles for a minute)
 GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
@@ -62,9 +65,11 @@ def engine_run(llm, ids: list[int]):
 
 def _variant(model: str, precision: str, enforce_eager: bool = True):
     from inferlab.llm import LLM
-    if precision in ("fp32", "fp16"):
+    if precision == "stored":
+        return LLM(model=model, device="cpu", dtype="float32", max_num_seqs=1, enforce_eager=enforce_eager)
+    if precision in ("fp32", "fp16"):  # quantization "none": a GGUF's blocks dequantized
         return LLM(model=model, device="cpu", dtype={"fp32": "float32", "fp16": "float16"}[precision], max_num_seqs=1,
-                   enforce_eager=enforce_eager)
+                   enforce_eager=enforce_eager, quantization="none")
     return LLM(model=model, device="cpu", dtype="float32", quantization=precision, max_num_seqs=1,
                enforce_eager=enforce_eager)
 
@@ -83,15 +88,31 @@ def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp:
     runs["contiguous"] = contiguous
     if precision in ("fp32", "fp16"):
         runs["transformers"] = _hf_run(model, llm, ids, new_tokens)
-    if precision in ("fp32", "q8_0", "q4_k") and importlib.util.find_spec("llama_cpp") is not None:
-        runs["llama.cpp"] = _llama_cpp_run(llm, precision, ids, new_tokens, tmp)
+    if importlib.util.find_spec("llama_cpp") is not None:
+        if precision in ("fp32", "q8_0", "q4_0", "q4_1", "q4_k"):
+            runs["llama.cpp"] = _llama_cpp_run(llm, precision, ids, new_tokens, tmp)
+        elif precision == "stored" and _gguf_file(model) is not None:  # llama.cpp on the very file
+            from inferlab.quant import llama_cpp_runner
+            runs["llama.cpp"] = lambda: llama_cpp_runner.run(_gguf_file(model), ids, new_tokens,
+                                                             threads=torch.get_num_threads())["tokens_per_s"]
     return runs
+
+
+def _gguf_file(model: str):
+    from inferlab import gguf_loader
+    from inferlab.loader import resolve_model_path
+    path = resolve_model_path(model)
+    return path if gguf_loader.is_gguf(path) else None
 
 
 def _hf_run(model: str, llm, ids, new_tokens):
     import transformers
     from inferlab.loader import resolve_model_path
-    hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=llm.model.dtype).eval()
+    from inferlab import gguf_loader
+    folder = resolve_model_path(model)
+    if gguf_loader.is_gguf(folder):  # transformers reads the same fp32 weights from the cached folder
+        folder = gguf_loader.hf_folder(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=llm.model.dtype).eval()
     x = torch.tensor([ids])
     pad = llm.eos_token_ids[0] if llm.eos_token_ids else 0
 
@@ -103,19 +124,24 @@ def _hf_run(model: str, llm, ids, new_tokens):
 
 
 def _llama_cpp_run(llm, precision, ids, new_tokens, tmp):
-    """llama.cpp's own timing of a greedy decode of the same GGUF weights (one thread)."""
+    """llama.cpp's own timing of a greedy decode of the same GGUF weights."""
     from inferlab.quant import llama_cpp_runner
     from inferlab.quant.gguf_export import write_gguf
     path = write_gguf(llm.model, llm.tokenizer, f"{tmp}/{precision}", "f32" if precision == "fp32" else precision)
 
-    return lambda: llama_cpp_runner.run(path, ids, new_tokens)["tokens_per_s"]  # it times its own decode
+    # it times its own decode, with as many threads as this process has
+    return lambda: llama_cpp_runner.run(path, ids, new_tokens, threads=torch.get_num_threads())["tokens_per_s"]
 
 
 def weight_bytes_per_token(model) -> int:
-    """Bytes a decode step reads from weights: every parameter and buffer, the (tied) embedding once."""
+    """Bytes a decode step reads from weights: every parameter and buffer, the (tied) embedding once;
+    an embedding table the head does not share is a lookup (one row per token) and is left out."""
     seen, total = set(), 0
+    head = getattr(model.lm_head, "weight", None)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm")):
+            continue
+        if name == "model.embed_tokens.weight" and (head is None or head.data_ptr() != t.data_ptr()):
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
@@ -192,7 +218,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="inferlab bench decode", description=__doc__.splitlines()[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", default=",".join(MODELS), help="comma-separated: embedded names, random-80m, folders")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated weight formats to time")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated weight formats to time "
+                   f"({', '.join(CHOICES)}; stored: a GGUF's own blocks, e.g. --model smollm2)")
     p.add_argument("--new-tokens", type=int, default=None, help="default 64 (16 with --sampler)")
     p.add_argument("--repeats", type=int, default=None, help="default 3 (7 with --sampler)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -217,9 +244,9 @@ def main(argv: list[str]) -> int:
               + ", ".join(f"{k} {v:.2f}x" for k, v in r["cost_vs_greedy"].items())
               + f"  (goal <= 1.3x: {'met' if r['met'] else 'missed'})")
         return 0
-    bad = [q for q in args.precisions.split(",") if q not in PRECISIONS]
+    bad = [q for q in args.precisions.split(",") if q not in CHOICES]
     if bad:
-        p.error(f"unknown precision {bad[0]!r}: choose from {', '.join(PRECISIONS)}")
+        p.error(f"unknown precision {bad[0]!r}: choose from {', '.join(CHOICES)}")
     r = run(args.model.split(","), args.precisions.split(","), args.new_tokens, args.repeats, args.threads,
             compiled=not args.eager_only)
     if args.json:

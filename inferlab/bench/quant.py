@@ -44,7 +44,7 @@ FIELDS = {  # printed with the JSON, so each number says what it is
     "speed_vs_fp32": "speed_tokens_per_s / the fp32 format's, on the speed model, in the same interleaved pass",
     "decode_tokens_per_s": "the same for this row's format on the scored model (cache-resident if small)",
     "decode_vs_fp32": "decode_tokens_per_s / the fp32 format's, on the scored model, in the same pass",
-    "llama_cpp_tokens_per_s": "llama.cpp's decode of a .gguf of the speed model in this format (1 thread)",
+    "llama_cpp_tokens_per_s": "llama.cpp's decode of a .gguf of the speed model in this format (as many threads as the speed pass)",
 }
 # Why a goal can be missed, said next to the miss (what the method does and where it gains most).
 WHY_MISSED = {

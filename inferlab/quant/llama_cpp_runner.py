@@ -7,6 +7,7 @@ the caller, not the end of the test session or the benchmark.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,12 +58,14 @@ class LlamaCppError(RuntimeError):
     pass
 
 
-def run(path, ids: list[int] | list[list[int]], new_tokens: int = 0, timeout: float = 600) -> dict:
+def run(path, ids: list[int] | list[list[int]], new_tokens: int = 0, timeout: float = 600,
+        threads: int | None = None) -> dict:
     """``new_tokens`` = 0: {"nll" (mean over the scored tokens), "tokens", "argmax"} of ``ids``, or of
     each span of a list of spans (each scored from its own start, ``argmax`` then one list per span);
-    otherwise {"tokens_per_s"} of a greedy decode."""
+    otherwise {"tokens_per_s"} of a greedy decode. ``threads``: llama.cpp's (default 1, or
+    ``INFERLAB_LLAMA_CPP_THREADS``)."""
     ids = [[int(i) for i in span] for span in ids] if ids and isinstance(ids[0], (list, tuple)) else [int(i) for i in ids]
-    return _call(path, ids, new_tokens, timeout)
+    return _call(path, ids, new_tokens, timeout, threads)
 
 
 def score_windows(path, ids, windows: list[tuple[int, int, int]], timeout: float = 3600) -> dict:
@@ -79,9 +82,10 @@ def tokenize(path, texts: list[str], timeout: float = 120) -> list[list[int]]:
     return _call(path, list(texts), -1, timeout)["ids"]
 
 
-def _call(path, payload, new_tokens: int, timeout: float) -> dict:
+def _call(path, payload, new_tokens: int, timeout: float, threads: int | None = None) -> dict:
+    env = dict(os.environ, **({"INFERLAB_LLAMA_CPP_THREADS": str(threads)} if threads else {}))
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(path), json.dumps(payload),
-                           str(new_tokens)], capture_output=True, text=True, timeout=timeout)
+                           str(new_tokens)], capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         signal = -proc.returncode if proc.returncode < 0 else None
         why = "SIGILL: this llama.cpp build uses instructions this CPU does not run; reinstall it with " \

@@ -36,6 +36,9 @@ def test_config_and_layout(smollm2_stored):
     q = model.model.layers[0].self_attn.q_proj
     assert isinstance(q, GGMLLinear) and q.ggml_type == "q4_1"  # blocks as stored
     assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template.source
+    head = model.lm_head  # the tied Q8_0 token embedding, run as stored; the lookup table in fp32
+    assert isinstance(head, GGMLLinear) and head.ggml_type == "q8_0"
+    assert torch.equal(head.dequantize(), model.model.embed_tokens.weight)
 
 
 def test_logits_match_transformers(smollm2_fp32, smollm2_transformers):
