@@ -15,7 +15,8 @@ _SCRIPT = r"""
 import json, math, os, sys, time
 import numpy as np
 import llama_cpp
-path, ids, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+path, new_tokens = sys.argv[1], int(sys.argv[2])
+ids = json.loads(sys.stdin.read())  # on stdin: a long prompt does not fit in an argument list
 if new_tokens == -1:  # ids is a list of strings: llama.cpp's own tokenization of each (no BOS added)
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     print(json.dumps({"ids": [llm.tokenize(t.encode(), add_bos=False, special=True) for t in ids]}))
@@ -84,8 +85,8 @@ def tokenize(path, texts: list[str], timeout: float = 120) -> list[list[int]]:
 
 def _call(path, payload, new_tokens: int, timeout: float, threads: int | None = None) -> dict:
     env = dict(os.environ, **({"INFERLAB_LLAMA_CPP_THREADS": str(threads)} if threads else {}))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(path), json.dumps(payload),
-                           str(new_tokens)], capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(path), str(new_tokens)], input=json.dumps(payload),
+                          capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         signal = -proc.returncode if proc.returncode < 0 else None
         why = "SIGILL: this llama.cpp build uses instructions this CPU does not run; reinstall it with " \
