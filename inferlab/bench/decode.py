@@ -137,7 +137,7 @@ def weight_bytes_per_token(model) -> int:
     """Bytes a decode step reads from weights: every parameter and buffer, the (tied) embedding once;
     an embedding table the head does not share is a lookup (one row per token) and is left out."""
     seen, total = set(), 0
-    head = getattr(model.lm_head, "weight", None)
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm")):
             continue
