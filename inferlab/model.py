@@ -136,7 +136,7 @@ class CausalLM(nn.Module):
         matrix: one tensor, stored once. Call again after loading or replacing either weight. A
         quantized head (a GGUF's Q8_0 token embedding, run as stored) keeps its own codes and is
         not tied: the lookup table reads one row per token, the head every row."""
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
+        if self.config.tie_word_embeddings and not hasattr(self.lm_head, "dequantize"):  # not a QuantLinear
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
