@@ -145,3 +145,18 @@ def test_bench_decode_times_the_file_as_stored_beside_llama_cpp(capsys):
     assert rows["stored"]["engine_tokens_per_s"] > 0 and "transformers_tokens_per_s" in rows["fp32"]
     import importlib.util
     assert ("llama.cpp_tokens_per_s" in rows["stored"]) == (importlib.util.find_spec("llama_cpp") is not None)
+
+
+def test_models_lists_smollm2_with_its_card(capsys, smollm2_file, smollm2_fp32):
+    import json
+
+    from inferlab import cli
+    assert cli.main(["models", "--json"]) == 0
+    entry = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == "smollm2")
+    assert entry["path"] == str(smollm2_file) and entry["file_bytes"] == smollm2_file.stat().st_size
+    assert entry["params"] == smollm2_fp32[0].num_parameters() and entry["license"] == "apache-2.0"
+    proto = entry["ppl_protocol"]
+    assert (proto["split"], proto["window"], proto["stride"]) == ("test", 512, 256)
+    # measured by scripts/model_card.py: llama.cpp within 1% of inferlab on the same windows
+    assert abs(entry["ppl_llama_cpp"] / entry["ppl_as_stored"] - 1) < 0.01
+    assert cli.main(["models"]) == 0 and f"perplexity {entry['ppl_as_stored']:.3f} as stored" in capsys.readouterr().out
