@@ -18,7 +18,7 @@ Q8_0, Q4_1, Q4_K ...). Reading it takes three translations, all done here with l
 - ``None`` (as stored, what llama.cpp runs): a linear whose type inferlab has a packed format for
   (Q8_0, Q4_0, Q4_1, Q4_K) keeps its blocks and decodes through that format's loop; F32/F16 and
   every other type (Q6_K, Q5_0 ...) are dequantized to fp32. The token embedding is a lookup
-  table and is dequantized; a lm_head tied to it runs its blocks (smollm2's Q8_0: 28 MB read per
+  table and is dequantized; a lm_head tied to it runs its blocks (smollm2's Q8_0: 30 MB read per
   token instead of 113 MB in fp32).
 - ``"none"``: every tensor dequantized to fp32, the baseline the lessons compare against. The
   result is written once as an ordinary HF folder under ``~/.cache/inferlab/gguf/<hash>``
