@@ -202,10 +202,14 @@ VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight
     return 0;
 }
 
-/* Q4_0: 18-byte blocks (d, 16 bytes: code i in the low nibble of byte i, code i + 16 in its high
-   nibble), w = (q - 8) * d; the 8 leaves the loop: sum (q - 8) xq = sum q xq - 8 sum xq. */
-VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
-    const int B = K / 32, row_bytes = B * 18;
+/* Q4_0 and Q4_1 share their 16 bytes of nibbles (code i in the low nibble of byte i, code i + 16 in
+   its high nibble) after an fp16 d. Q4_0 (18-byte blocks): w = (q - 8) * d. Q4_1 (20 bytes: d, then an
+   fp16 min m): w = d * q + m. Either way the constant leaves the integer loop, once per block:
+   sum (d q + c) xs xq = d xs sum q xq + c xs sum xq, with c = -8 d or m (llama.cpp's Q8_1
+   activation blocks keep xs sum xq as their s for this). */
+VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
+        const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads, const int has_min) {
+    const int B = K / 32, block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2, row_bytes = B * block_bytes;
     uint8_t *xq; float *xs; int32_t *xsum;
     if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
     const __m128i low = _mm_set1_epi8(0x0F);
@@ -216,53 +220,30 @@ VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight
             __m256 acc = _mm256_setzero_ps();
             float offset = 0.f;
             for (int b = 0; b < B; b++) {
-                const uint8_t *blk = row + b * 18;
+                const uint8_t *blk = row + b * block_bytes;
                 _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+                __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
                 __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
                 __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
                 __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
-                const float dx = f16_at(blk) * xs[m * B + b];
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dx), acc);
-                offset += dx * (float)xsum[m * B + b];
+                const float d = f16_at(blk), xsb = xs[m * B + b];
+                const float c = has_min ? f16_at(blk + 2) : -8.f * d;
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xsb), acc);
+                offset += c * xsb * (float)xsum[m * B + b];
             }
-            y[(size_t)m * N + n] = hsum256(acc) - 8.f * offset;
+            y[(size_t)m * N + n] = hsum256(acc) + offset;
         }
     }
     free(xq); free(xs); free(xsum);
     return 0;
 }
 
-/* Q4_1: 20-byte blocks (d, m, then Q4_0's 16 bytes of nibbles), w = d * q + m. The min leaves the
-   loop as Q4_0's 8 does: sum (d q + m) xs xq = d xs sum q xq + m xs sum xq, where xs sum xq is the
-   sum of the block's rounded activations (llama.cpp's Q8_1 activation blocks store it as their s). */
+VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 0);
+}
+
 VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
-    const int B = K / 32, row_bytes = B * 20;
-    uint8_t *xq; float *xs; int32_t *xsum;
-    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
-    const __m128i low = _mm_set1_epi8(0x0F);
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * row_bytes;
-        for (int m = 0; m < M; m++) {
-            __m256 acc = _mm256_setzero_ps();
-            float mins = 0.f;
-            for (int b = 0; b < B; b++) {
-                const uint8_t *blk = row + b * 20;
-                _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                __m128i v = _mm_loadu_si128((const __m128i *)(blk + 4));
-                __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-                __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
-                const float xsb = xs[m * B + b];
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * xsb), acc);
-                mins += f16_at(blk + 2) * xsb * (float)xsum[m * B + b];
-            }
-            y[(size_t)m * N + n] = hsum256(acc) + mins;
-        }
-    }
-    free(xq); free(xs); free(xsum);
-    return 0;
+    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 1);
 }
 
 /* Q4_K: 144-byte super-blocks of 256 (d, dmin, 12 bytes of 6-bit sub-block scales and mins, 128
