@@ -38,12 +38,12 @@ import torch
 from torch import nn
 
 from inferlab.config import ModelConfig
-from inferlab.errors import CheckpointError
+from inferlab.errors import CheckpointError, InferlabError
 from inferlab.folders import atomic_folder, cache_dir
 from inferlab.tokenizer import Tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # general.architecture -> the HF class it matches
-#: llama.cpp's per-layer tensor names -> the HF module names (the GGUF writer's table, inverted)
+#: llama.cpp's per-layer tensor names -> the HF module names (the GGUF writer uses it inverted)
 LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
@@ -185,8 +185,6 @@ def read_tokenizer(reader, path: Path, config: ModelConfig) -> Tokenizer:
 def pre_tokenizer_name(hf) -> str:
     """The ``tokenizer.ggml.pre`` name of an HF tokenizer's pre-tokenizer (what the GGUF writer
     stores, so llama.cpp and this loader split words the same way), the inverse of PRE_TOKENIZERS."""
-    from inferlab.errors import InferlabError
-
     pre = json.loads(hf.to_str()).get("pre_tokenizer") or {}
     parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     kinds = [p.get("type") for p in parts]
@@ -203,8 +201,6 @@ def pre_tokenizer_name(hf) -> str:
                         f"GGUF export writes {', '.join(sorted(set(PRE_TOKENIZERS)))}")
 
 
-
-
 def hf_name(gguf_name: str) -> str:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (KeyError: not a model tensor)."""
     parts = gguf_name.split(".")
@@ -218,16 +214,20 @@ def unpermute_rope(rows: torch.Tensor, n_head: int) -> torch.Tensor:
     return rows.reshape(n_head, rows.shape[0] // n_head // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
 
 
+def _raw(t) -> torch.Tensor:
+    """A tensor's bytes as stored (uint8 [out, bytes per row] for blocks), copied: the file is mapped read-only."""
+    return torch.from_numpy(np.array(t.data))
+
+
 def _dequantize(t) -> torch.Tensor:
     """One GGUF tensor as fp32 [out, in] (llama.cpp's shape is reversed: ne0 is the input width)."""
     import gguf
     from inferlab.quant import ggml
 
     kind = t.tensor_type.name.lower()
-    data = torch.from_numpy(np.array(t.data))  # a copy: the file is mapped read-only
     if kind in ggml.DEQUANTIZE:  # inferlab's own torch code for the types it packs (faster than numpy)
         shape = [int(n) for n in reversed(t.shape)]
-        return ggml.DEQUANTIZE[kind](data).reshape(shape)
+        return ggml.DEQUANTIZE[kind](_raw(t)).reshape(shape)
     try:
         values = gguf.quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:
@@ -257,11 +257,11 @@ def _read_tensors(reader, config: ModelConfig, as_stored: bool) -> tuple[dict[st
             # the lookup table is dequantized; a tied head runs the very blocks, as llama.cpp does
             tensors["model.embed_tokens.weight"] = _dequantize(t).float()
             if config.tie_word_embeddings:
-                tensors["lm_head.qweight"] = torch.from_numpy(np.array(t.data, dtype=np.uint8))
+                tensors["lm_head.qweight"] = _raw(t)
                 packed["lm_head"] = kind
             continue
         if kind is not None:
-            value = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # a copy: the file's mmap stays read-only
+            value = _raw(t)
             packed[name.removesuffix(".weight")] = kind
         else:
             value = _dequantize(t).float()
@@ -272,6 +272,13 @@ def _read_tensors(reader, config: ModelConfig, as_stored: bool) -> tuple[dict[st
     return tensors, packed
 
 
+def _read(path: Path, as_stored: bool):
+    """(config, tokenizer, HF-named tensors, block type of each packed linear) of a GGUF file."""
+    reader = _reader(path)
+    config = read_config(reader, path)
+    return (config, read_tokenizer(reader, path, config), *_read_tensors(reader, config, as_stored))
+
+
 def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     """The pieces of a GGUF model with its blocks as stored, for ``inferlab.loader`` to assemble:
     (the model built on the meta device, its tensors, the names it expects, the names the file has
@@ -280,10 +287,7 @@ def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     from inferlab.quant.ggml import GGMLLinear
 
     path = Path(path)
-    reader = _reader(path)
-    config = read_config(reader, path)
-    tokenizer = read_tokenizer(reader, path, config)
-    tensors, packed = _read_tensors(reader, config, as_stored=True)
+    config, tokenizer, tensors, packed = _read(path, as_stored=True)
 
     def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
         if name in packed:
@@ -326,16 +330,13 @@ def hf_folder(path: str | os.PathLike) -> Path:
     folder = cache_dir() / "gguf" / f"{path.stem}-{file_key(path)}"
     if (folder / "config.json").exists():
         return folder
-    reader = _reader(path)
-    config = read_config(reader, path)
-    tokenizer = read_tokenizer(reader, path, config)
-    tensors, _ = _read_tensors(reader, config, as_stored=False)
+    config, tokenizer, tensors, _ = _read(path, as_stored=False)
     with atomic_folder(folder) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
-        template = getattr(tokenizer, "chat_template", None)
+        template = tokenizer.chat_template
         vocab = tokenizer.hf
         tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                    "bos_token": vocab.id_to_token(config.bos_token_id) if config.bos_token_id is not None else None,

@@ -20,12 +20,11 @@ import numpy as np
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.gguf_loader import LAYER_NAMES, pre_tokenizer_name
 from inferlab.quant.checkpoint import atomic_folder
 from inferlab.quant.ggml import GGMLLinear
 
-NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+NAMES = {hf: name for name, hf in LAYER_NAMES.items()}  # HF module -> llama.cpp's tensor name
 
 
 def rope_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -46,11 +45,10 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
     for tok, i in vocab.items():
         if i < cfg.vocab_size:
             tokens[i] = tok
-    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(cfg.vocab_size)]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in raw["model"]["merges"]]
-    from inferlab.gguf_loader import pre_tokenizer_name
     user = {t["id"] for t in raw.get("added_tokens", []) if not t.get("special")}
-    types = [gguf.TokenType.USER_DEFINED if i in user else t for i, t in enumerate(types)]
+    types = [gguf.TokenType.CONTROL if i in special else gguf.TokenType.USER_DEFINED if i in user
+             else gguf.TokenType.NORMAL for i in range(cfg.vocab_size)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in raw["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre_tokenizer_name(tokenizer.hf))
     writer.add_token_list(tokens)
@@ -61,9 +59,8 @@ def _tokenizer_metadata(writer, tokenizer, cfg) -> None:
     if cfg.eos_token_ids:
         writer.add_eos_token_id(cfg.eos_token_ids[0])
     writer.add_add_bos_token(False)
-    template = getattr(tokenizer, "chat_template", None)
-    if template is not None and not template.is_default:
-        writer.add_chat_template(template.source)
+    if tokenizer.chat_template is not None and not tokenizer.chat_template.is_default:
+        writer.add_chat_template(tokenizer.chat_template.source)
 
 
 def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite: bool = False) -> Path:
