@@ -319,8 +319,8 @@ def file_key(path: Path) -> str:
 
 
 def hf_folder(path: str | os.PathLike) -> Path:
-    """The GGUF dequantized to an HF folder (config.json, fp32 model.safetensors, tokenizer.json,
-    tokenizer_config.json with the chat template) that inferlab and transformers both load.
+    """The GGUF dequantized to an HF folder (config.json, fp32 model.safetensors, tokenizer.json and
+    the chat template: ``Tokenizer.save_folder``) that inferlab and transformers both load.
     Written once under ``~/.cache/inferlab/gguf/<name>-<hash>`` (``INFERLAB_CACHE``), atomically."""
     from safetensors.torch import save_file
 
@@ -335,14 +335,6 @@ def hf_folder(path: str | os.PathLike) -> Path:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
-        tokenizer.save(tmp / "tokenizer.json")
-        template = tokenizer.chat_template
-        vocab = tokenizer.hf
-        tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-                   "bos_token": vocab.id_to_token(config.bos_token_id) if config.bos_token_id is not None else None,
-                   "eos_token": vocab.id_to_token(config.eos_token_ids[0]) if config.eos_token_ids else None}
-        if template is not None and not template.is_default:
-            tok_cfg["chat_template"] = template.source
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        tokenizer.save_folder(tmp)
         (tmp / "source.json").write_text(json.dumps({"gguf": str(path), "sha256_16": folder.name.rsplit("-", 1)[1]}) + "\n")
     return folder

@@ -241,11 +241,7 @@ def save_checkpoint(model: CausalLM, tokenizer: Tokenizer | None, folder: str | 
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
-            template = getattr(tokenizer, "chat_template", None)
-            if template is not None and not template.is_default:  # where transformers 5 writes it
-                (tmp / "chat_template.jinja").write_text(template.source, encoding="utf-8")
-                (tmp / "tokenizer_config.json").write_text(json.dumps(template.special_tokens, indent=2) + "\n")
+            tokenizer.save_folder(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
     return Path(folder)

@@ -2,6 +2,7 @@
 model's chat template (``chat_template``, see ``inferlab.chat``)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,16 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
+
+    def save_folder(self, folder: str | Path) -> None:
+        """``tokenizer.json`` into ``folder``, and a real chat template where transformers 5 writes
+        it (``chat_template.jinja``, its special tokens in ``tokenizer_config.json``), so the folder
+        loads back with the same chat format."""
+        folder = Path(folder)
+        self.save(folder / "tokenizer.json")
+        if self.chat_template is not None and not self.chat_template.is_default:
+            (folder / "chat_template.jinja").write_text(self.chat_template.source, encoding="utf-8")
+            (folder / "tokenizer_config.json").write_text(json.dumps(self.chat_template.special_tokens, indent=2) + "\n")
 
 
 def train_bpe(texts, vocab_size: int, min_frequency: int = 2) -> Tokenizer:

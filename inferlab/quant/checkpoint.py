@@ -210,7 +210,7 @@ def copy_tokenizer_files(source: Path | None, tmp: Path, tokenizer) -> None:
             shutil.copyfile(Path(source) / name, tmp / name)
             copied.add(name)
     if tokenizer is not None and "tokenizer.json" not in copied:
-        tokenizer.save(tmp / "tokenizer.json")
+        tokenizer.save_folder(tmp)
 
 
 def save_quantized(model, tokenizer, folder: str | os.PathLike, qcfg: dict, source: str | os.PathLike | None = None,
