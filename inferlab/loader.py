@@ -78,6 +78,14 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
                           f"a hub id, or one of {', '.join(EMBEDDED_MODELS + tuple(REAL_MODELS))}")
 
 
+def hf_model_folder(name_or_path: str | os.PathLike) -> Path:
+    """The model's HF folder (config.json + safetensors): a GGUF's is its fp32 form, made once in
+    the cache (``gguf_loader.hf_folder``), for what reads folders only (transformers, the
+    tensor-parallel ranks, ``inferlab quantize``)."""
+    path = resolve_model_path(name_or_path)
+    return gguf_loader.hf_folder(path) if gguf_loader.is_gguf(path) else path
+
+
 def _looks_like_hub_id(text: str) -> bool:
     parts = text.split("/")
     return len(parts) == 2 and all(parts) and not text.startswith((".", "~", "/"))
@@ -140,7 +148,7 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None, dequ
         if not dequantize:  # the blocks as stored
             model, tensors, expected, unexpected, tokenizer = gguf_loader.read_model(folder, dtype)
             return assemble(model, tensors, expected, unexpected, folder, device)[0], tokenizer
-        folder = gguf_loader.hf_folder(folder)  # fp32: the cached HF folder made from the file
+        folder = hf_model_folder(folder)  # fp32: the cached HF folder made from the file
     config = load_config(folder)
     qcfg = _quantization_config(folder)
     with torch.device("meta"):

@@ -25,8 +25,10 @@ import tempfile
 
 import torch
 
+from inferlab import gguf_loader
 from inferlab.bench.stats import best_rates
 from inferlab.errors import InferlabError
+from inferlab.loader import hf_model_folder, resolve_model_path
 from inferlab.quant.base import QuantizationError
 
 PROMPT = "def fibonacci(n):\n    "
@@ -91,28 +93,17 @@ def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp:
     if importlib.util.find_spec("llama_cpp") is not None:
         if precision in ("fp32", "q8_0", "q4_0", "q4_1", "q4_k"):
             runs["llama.cpp"] = _llama_cpp_run(llm, precision, ids, new_tokens, tmp)
-        elif precision == "stored" and _gguf_file(model) is not None:  # llama.cpp on the very file
-            from inferlab.quant import llama_cpp_runner
-            runs["llama.cpp"] = lambda: llama_cpp_runner.run(_gguf_file(model), ids, new_tokens,
+        elif precision == "stored" and gguf_loader.is_gguf(path := resolve_model_path(model)):
+            from inferlab.quant import llama_cpp_runner  # llama.cpp on the very file
+            runs["llama.cpp"] = lambda: llama_cpp_runner.run(path, ids, new_tokens,
                                                              threads=torch.get_num_threads())["tokens_per_s"]
     return runs
 
 
-def _gguf_file(model: str):
-    from inferlab import gguf_loader
-    from inferlab.loader import resolve_model_path
-    path = resolve_model_path(model)
-    return path if gguf_loader.is_gguf(path) else None
-
-
 def _hf_run(model: str, llm, ids, new_tokens):
     import transformers
-    from inferlab.loader import resolve_model_path
-    from inferlab import gguf_loader
-    folder = resolve_model_path(model)
-    if gguf_loader.is_gguf(folder):  # transformers reads the same fp32 weights from the cached folder
-        folder = gguf_loader.hf_folder(folder)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=llm.model.dtype).eval()
+    # a GGUF: transformers reads the same fp32 weights from its cached HF folder
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_model_folder(model), dtype=llm.model.dtype).eval()
     x = torch.tensor([ids])
     pad = llm.eos_token_ids[0] if llm.eos_token_ids else 0
 

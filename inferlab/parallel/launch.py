@@ -22,20 +22,17 @@ def start_parallel(llm, model: str, world: int, device, dtype, attention_backend
                                   "quantize --model M --method int8 --out DIR`), then load DIR with tensor_parallel_size=N")
     if speculative_config is not None:
         raise TensorParallelError("speculative decoding runs with tensor_parallel_size=1 only")
-    from inferlab import gguf_loader
-    from inferlab.loader import load_config, resolve_model_path
-    path = resolve_model_path(model)
-    if gguf_loader.is_gguf(path):  # llama.cpp blocks do not shard: the ranks read its fp32 HF folder
-        model = str(path := gguf_loader.hf_folder(path))
+    from inferlab.loader import hf_model_folder, load_config
+    folder = hf_model_folder(model)  # a GGUF's blocks do not shard: the ranks read its fp32 folder
     # heads that do not divide, and the like: refused before any process starts
-    TensorParallelFactory(load_config(path), 0, world)
+    TensorParallelFactory(load_config(folder), 0, world)
     device = device or default_device()
     if str(device).startswith("cuda"):
         import torch
         if torch.cuda.device_count() < world:
             raise TensorParallelError(f"tensor_parallel_size={world} needs {world} CUDA devices, "
                                       f"found {torch.cuda.device_count()}")
-    tp = TensorParallelExecutor(model, world, device, parse_dtype(dtype, device), attention_backend, config)
+    tp = TensorParallelExecutor(str(folder), world, device, parse_dtype(dtype, device), attention_backend, config)
     llm._tp = tp
     llm.model, llm.tokenizer = tp.model, tp.tokenizer
     from inferlab.attention import get_backend

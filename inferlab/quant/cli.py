@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     import torch
 
-    from inferlab.loader import load_checkpoint, resolve_model_path
+    from inferlab.loader import hf_model_folder, load_checkpoint, resolve_model_path
     from inferlab.quant.checkpoint import check_output_folder, save_quantized
     from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 
@@ -63,9 +63,7 @@ def main(argv: list[str]) -> int:
         raise InferlabError("--calib-samples must be >= 1 and --seq-len >= 2")
     source = resolve_model_path(args.model)
     check_output_folder(Path(args.out), args.overwrite, source)  # before any work
-    if source.suffix == ".gguf":  # a GGUF (smollm2) is quantized from its fp32 form, an HF folder
-        from inferlab.gguf_loader import hf_folder
-        source = hf_folder(source)
+    source = hf_model_folder(source)  # a GGUF (smollm2) is quantized from its fp32 form, an HF folder
     model, tok = load_checkpoint(source, device="cpu", dtype=torch.float32)
     t0 = time.perf_counter()
     qcfg = quantize_model(model, method, bits, group, tokenizer=tok, n_samples=args.calib_samples,
