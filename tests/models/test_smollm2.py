@@ -80,9 +80,10 @@ def test_perplexity_matches_llama_cpp_on_the_same_windows(smollm2_file, smollm2_
     runner = llama_cpp_runner()
     model, tok = smollm2_stored
     ids = ppl_eval.test_stream(tok)[: 4 * 511 + 1]
-    spans = [ids[b:e].tolist() for b, e, _ in ppl_eval.windows(len(ids), 512, 512)]
+    windows = ppl_eval.windows(len(ids), 512, 512)
+    spans = [ids[b:e].tolist() for b, e, _ in windows]
     ours = ppl_eval.evaluate(model, ids, window=512, stride=512, reference=smollm2_fp32[0])
-    theirs = runner.score_windows(smollm2_file, ids, ppl_eval.windows(len(ids), 512, 512))
+    theirs = runner.score_windows(smollm2_file, ids, windows)
     assert theirs["tokens"] == ours["tokens"]
     ppl_cpp = math.exp(theirs["nll"])
     argmax = torch.tensor([a for span in theirs["argmax"] for a in span])
