@@ -45,6 +45,9 @@ class LLM:
         "q4_k" ...): quantize the linears at load. "none": no quantization (a GGUF's blocks are
         dequantized to fp32; an ordinary folder loads as it is). A folder written by
         ``inferlab quantize`` is already quantized and needs no argument.
+    max_logprobs, logprobs_mode: how many top tokens ``SamplingParams(logprobs=N, prompt_logprobs=N)``
+        may ask for (20), and of which distribution: "raw_logprobs" (vLLM's default: the model's own)
+        or "processed_logprobs" (after temperature, top-k, top-p); see ``inferlab.logprobs``.
     tensor_parallel_size: split the model over this many processes (``inferlab.parallel``; gloo on
         CPU, NCCL on CUDA). Call ``shutdown()`` to stop them (exiting the process does too).
     """
@@ -56,10 +59,12 @@ class LLM:
                  enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
                  speculative_config: dict | None = None, scheduling_policy: str = "fcfs",
-                 tensor_parallel_size: int = 1, enforce_eager: bool = True):
+                 tensor_parallel_size: int = 1, enforce_eager: bool = True, max_logprobs: int = 20,
+                 logprobs_mode: str = "raw_logprobs"):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
-                              gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager)
+                              gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager,
+                              max_logprobs, logprobs_mode)
         spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
         if spec is not None and spec.method == "medusa" and spec.model is None:  # the heads beside the model
             from inferlab.spec.medusa import heads_folder_for

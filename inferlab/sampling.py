@@ -33,6 +33,8 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1  # completions per prompt (parallel sampling: the engine forks them, copy-on-write)
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logprobs: int | None = None         # each generated token's log-prob and the top N (inferlab.logprobs)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (None for the first)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -55,6 +57,10 @@ class SamplingParams:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{name} must be None (off) or an integer >= 0 (how many top tokens), got {v!r}")
 
     @property
     def greedy(self) -> bool:

@@ -132,11 +132,12 @@ class BlockManager:
             block.hash = h
 
     # ---- sequences ------------------------------------------------------------------------
-    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
         """Give a new sequence a block table covering all of token_ids; return num_cached_tokens.
 
         With prefix caching, leading full blocks whose chained hash is known are reused (at most
-        len(token_ids) - 1 tokens, so at least one token is computed and yields logits). The new
+        len(token_ids) - 1 tokens, so at least one token is computed and yields logits); with
+        ``lookup=False`` none are (a request that needs every prompt row's logits). The new
         blocks are not named until ``cache_blocks`` says their K/V is written. Raises
         NoFreeBlocksError, having allocated nothing, when blocks run short.
         """
@@ -148,7 +149,7 @@ class BlockManager:
         bs = self.block_size
         num_blocks = self._blocks_for(len(token_ids))
         hashes, hits, parent = [], [], None
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and lookup:
             for i in range((len(token_ids) - 1) // bs):   # leave >= 1 token to compute
                 h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
                 block_id = self._hash_to_block.get(h)

@@ -20,6 +20,9 @@
                             only decode run a ``torch.compile``d forward, one graph per batch size
                             (the CPU counterpart of vLLM's CUDA graphs, which vLLM captures unless
                             enforce_eager); the first step of each size pays the compile
+    max_logprobs            most top tokens a request's logprobs / prompt_logprobs may ask for (20, vLLM's)
+    logprobs_mode           vLLM's: "raw_logprobs" (default: log_softmax of the model's logits) or
+                            "processed_logprobs" (after temperature, top-k, top-p); inferlab.logprobs
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.policy import POLICIES
+from inferlab.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
 from inferlab.spec.config import SpeculativeConfig
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -49,6 +53,8 @@ class EngineConfig:
     speculative_config: dict | SpeculativeConfig | None = None
     scheduling_policy: str = "fcfs"
     enforce_eager: bool = True
+    max_logprobs: int = MAX_LOGPROBS
+    logprobs_mode: str = "raw_logprobs"
 
     def resolve(self, model_config, dtype, device) -> "EngineConfig":
         """Check every knob and fill in the defaults for this model; returns a new config."""
@@ -65,6 +71,10 @@ class EngineConfig:
                              f"or 'priority' (each request's priority, lower first)")
         if not 0 < c.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        if c.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"unknown logprobs_mode {c.logprobs_mode!r}: choose one of {', '.join(LOGPROBS_MODES)}")
+        if not isinstance(c.max_logprobs, int) or c.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an integer >= 0, got {c.max_logprobs!r}")
         c.speculative_config = SpeculativeConfig.from_dict(c.speculative_config)
         context = model_config.max_position_embeddings
         c.max_model_len = c.max_model_len or context

@@ -7,6 +7,7 @@
              sampler draws a token for every sequence whose tokens are all computed; with
              guesses, the verifier keeps a prefix of them and adds one (spec/rejection.py)
              rejected guesses are rolled back, finished sequences free their KV blocks
+             [logprobs] requests that asked get their tokens' log-probs (inferlab/logprobs.py)
              -> the RequestOutputs of this step (with text deltas, for streaming)
 
 ``LLM.generate``, the CLI and the benchmarks all run on this loop; ``inferlab.generate`` keeps the
@@ -30,6 +31,7 @@ from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.engine.spec_decode import make_proposers, propose, verify
+from inferlab.logprobs import log_probs, token_logprobs
 from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
 from inferlab.spec.medusa import capture_hidden
 
@@ -88,6 +90,10 @@ class LLMEngine:
         if not ids:
             raise ValueError("empty prompt: give at least one token")
         fits = fit_max_tokens(params.max_tokens, len(ids), c.max_model_len, context_name="max_model_len")
+        for name in ("logprobs", "prompt_logprobs"):
+            if (getattr(params, name) or 0) > c.max_logprobs:
+                raise ValueError(f"{name}={getattr(params, name)} exceeds max_logprobs={c.max_logprobs}: ask for "
+                                 f"at most {c.max_logprobs} top tokens (or raise the engine's max_logprobs)")
         if params.n > c.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={c.max_num_seqs}: raise max_num_seqs or lower n")
         if params.max_tokens != fits:  # as the contiguous path does: stop at the context's end
@@ -98,7 +104,8 @@ class LLMEngine:
                              f"pool of {pool} slots (num_kv_blocks x block_size): raise num_kv_blocks or lower max_tokens")
         metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
-        req = Request(request_id, text, ids, params, [], metrics, stream=stream, priority=priority)
+        req = Request(request_id, text, ids, params, [], metrics, stream=stream, priority=priority,
+                      prompt_logprobs=None if params.prompt_logprobs is None else [None])
         seq = self._new_seq(req, 0)
         seq.num_pending_forks = params.n - 1
         req.seqs.append(seq)
@@ -110,7 +117,9 @@ class LLMEngine:
         seed = None if params.seed is None else params.seed + index  # vLLM: child i uses seed + i
         return EngineSequence(next(self._seq_ids), req.prompt_token_ids, params, request_id=req.request_id,
                               index=index, generator=make_generator(seed, self.model.device),
-                              priority=req.priority, arrival_time=req.metrics.arrival_time)
+                              priority=req.priority, arrival_time=req.metrics.arrival_time,
+                              logprobs=None if params.logprobs is None else [],
+                              prompt_logprobs=req.prompt_logprobs)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now: its sequences leave the queues and free their KV blocks."""
@@ -152,14 +161,20 @@ class LLMEngine:
         is_decode = [_is_decode(s.seq, s.num_committed) for s in out.scheduled]
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
         num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
+        prompt_rows = self._prompt_rows(out)  # None unless a request wants prompt log-probs from this step
         with capture_hidden(self.model) if self.medusa is not None else contextlib.nullcontext() as hidden:
-            logits = self.runner.execute(inputs, out.copies, num_logits=num_logits)  # [sum(num_logits), V]
+            logits = self.runner.execute(inputs, out.copies, num_logits=num_logits,  # [sum(num_logits), V]
+                                         extra_rows=prompt_rows)
         starts = [0]
         for n in num_logits:
             starts.append(starts[-1] + n)
+        if prompt_rows is not None:  # the prompt rows come after the sampling rows
+            self._score_prompts(out, prompt_rows, logits[starts[-1]:])
+            logits = logits[:starts[-1]]
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
         emitted = verify(out, ready, logits, starts, draft_probs, self.counters, self.rejection_sampler)
+        scored = self._sample_logprobs(out, ready, emitted, logits, starts)  # {} unless a request asked
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
         self.scheduler.update_from_output(out, [len(emitted[j]) - 1 if j in emitted else 0
                                                 for j in range(len(out.scheduled))])
@@ -169,8 +184,8 @@ class LLMEngine:
             seq = out.scheduled[j].seq
             if seq.num_pending_forks:
                 self._fork(seq, logits[starts[j]], now, touched)
-            for tok in emitted[j]:  # one by one: stop partway exactly where plain decoding would
-                self._append(seq, tok, now, touched)
+            for i, tok in enumerate(emitted[j]):  # one by one: stop partway exactly where plain decoding would
+                self._append(seq, tok, now, touched, scored[j][i] if j in scored else None)
                 decoded += is_decode[j]
                 if seq.is_finished:
                     break
@@ -198,7 +213,10 @@ class LLMEngine:
         return {"step": self.counters["num_steps"], "scheduled": rows, "num_batched_tokens": out.num_batched_tokens,
                 "preempted": [seq.request_id for seq in out.preempted], "num_waiting": self.num_waiting}
 
-    def _append(self, seq: EngineSequence, token: int, now: float, touched: dict) -> None:
+    def _append(self, seq: EngineSequence, token: int, now: float, touched: dict, logprob: dict | None = None) -> None:
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+            seq.cumulative_logprob += logprob[token].logprob
         seq.append_token(token, self.eos_token_ids, self.tokenizer)
         req = self.requests[seq.request_id]
         m = req.metrics
@@ -222,8 +240,59 @@ class LLMEngine:
             req.seqs.append(child)
             self.scheduler.fork(parent, child)
             tok = sample(logits[None], [child.params], [child.generator]).item()
-            self._append(child, tok, now, touched)
+            scored = None
+            if child.logprobs is not None:
+                lp = log_probs(logits[None], [child.params], self.config.logprobs_mode)
+                scored = token_logprobs(lp, [tok], [child.params.logprobs], self.tokenizer)[0]
+            self._append(child, tok, now, touched, scored)
         parent.num_pending_forks = 0
+
+    # ---- log-probs (only for the requests that ask; inferlab/logprobs.py) -------------------------
+    def _prompt_rows(self, out) -> list[tuple[int, int] | None] | None:
+        """For each scheduled sequence whose request wants prompt log-probs still missing, the
+        span (lo, hi) of its new tokens whose logits score the next prompt token: position t
+        predicts token t + 1, so a chunk [c, c + q) scores tokens up to min(c + q, P - 1), from
+        the first one not scored yet (a recompute after preemption scores nothing twice).
+        None when no sequence asks: the step then runs the head on its sampling rows only."""
+        spans = []
+        for s in out.scheduled:
+            seq, span = s.seq, None
+            if seq.needs_prompt_logits:
+                c, p = seq.num_computed_tokens, len(seq.prompt_token_ids)
+                lo, hi = max(c, len(seq.prompt_logprobs) - 1), min(c + s.num_committed, p - 1)
+                span = (lo - c, hi - c) if hi > lo else None
+            spans.append(span)
+        return spans if any(spans) else None
+
+    def _score_prompts(self, out, spans, rows: torch.Tensor) -> None:
+        """Append the prompt log-probs of ``rows`` (the prompt rows, sequence after sequence, in
+        ``spans``' order) to each request's ``prompt_logprobs``. Always raw, as in vLLM."""
+        lp, r = log_probs(rows), 0
+        for s, span in zip(out.scheduled, spans):
+            if span is None:
+                continue
+            seq, k = s.seq, span[1] - span[0]
+            first = seq.num_computed_tokens + span[0] + 1  # the first prompt token these rows score
+            targets = seq.prompt_token_ids[first:first + k]
+            seq.prompt_logprobs += token_logprobs(lp[r:r + k], targets, [seq.params.prompt_logprobs] * k,
+                                                  self.tokenizer)
+            r += k
+
+    def _sample_logprobs(self, out, ready, emitted, logits, starts) -> dict[int, list[dict]]:
+        """{scheduled index: one {token_id: Logprob} per emitted token} for the ready sequences
+        that asked. Emitted token i of sequence j was drawn at row starts[j] + i: under
+        speculation, the target's row that verified it (never the draft's q)."""
+        want = [j for j in ready if out.scheduled[j].seq.logprobs is not None]
+        if not want:
+            return {}
+        rows, tokens, params = [], [], []
+        for j in want:
+            rows += range(starts[j], starts[j] + len(emitted[j]))
+            tokens += emitted[j]
+            params += [out.scheduled[j].seq.params] * len(emitted[j])
+        lp = log_probs(logits[rows], params, self.config.logprobs_mode)
+        entries = iter(token_logprobs(lp, tokens, [p.logprobs for p in params], self.tokenizer))
+        return {j: [next(entries) for _ in emitted[j]] for j in want}
 
     def _account(self, prefill: int, decodes: int, seconds: float) -> None:
         """A step with any prefill token (a 1-token prompt's included) counts as prefill time;
@@ -245,16 +314,20 @@ class LLMEngine:
         if req.finished:
             self.requests.pop(req.request_id, None)
         # the prompt's ids are never changed by the engine: every output shares the request's list
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, comps, req.finished, req.metrics)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, comps, req.finished, req.metrics,
+                             req.prompt_logprobs)
 
     def _completion(self, seq: EngineSequence) -> CompletionOutput:
         delta = seq.take_delta()  # holds back a half character and a stop string's possible start
-        ids = seq.output_token_ids
-        new_ids = ids[seq.sent_tokens:]
+        ids, lps, sent = seq.output_token_ids, seq.logprobs, seq.sent_tokens
+        new_ids = ids[sent:]
         seq.sent_tokens = len(ids)
+        cumulative = None if lps is None else seq.cumulative_logprob
         if seq.params.output_kind == RequestOutputKind.DELTA:  # no copy of what was sent before
-            return CompletionOutput(seq.index, delta, new_ids, seq.finish_reason, delta, new_ids)
-        return CompletionOutput(seq.index, seq.output_text(self.tokenizer), list(ids), seq.finish_reason, delta, new_ids)
+            return CompletionOutput(seq.index, delta, new_ids, seq.finish_reason, delta, new_ids,
+                                    None if lps is None else lps[sent:], cumulative)
+        return CompletionOutput(seq.index, seq.output_text(self.tokenizer), list(ids), seq.finish_reason, delta, new_ids,
+                                None if lps is None else list(lps), cumulative)
 
     @property
     def num_running(self) -> int:

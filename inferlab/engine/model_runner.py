@@ -104,11 +104,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs: list[SeqInput], copies: list[tuple[int, int]] = (),
-                all_logits: bool = False, num_logits: list[int] | None = None):
+                all_logits: bool = False, num_logits: list[int] | None = None,
+                extra_rows: list[tuple[int, int] | None] | None = None):
         """Run one forward. Returns logits [B, V] of each sequence's last new token, in the order
         of ``seqs``; with ``num_logits``, [sum(num_logits), V]: the last ``num_logits[i]`` rows of
         sequence i, sequence after sequence (speculative verification: 1 + k rows each); with
-        ``all_logits``, a list of [q_len_i, V] tensors (every new token)."""
+        ``all_logits``, a list of [q_len_i, V] tensors (every new token).
+
+        ``extra_rows[i] = (lo, hi)``: also new tokens lo..hi-1 of sequence i (prompt log-probs),
+        appended after all the rows above, sequence after sequence. The lm_head runs on those
+        rows only: a step where no sequence asks computes exactly what it did without them."""
         self.kv_cache.copy_blocks(list(copies))  # copy-on-write before anyone writes
         input_ids, meta, last, order = self.prepare(seqs)
         if all_logits:
@@ -120,7 +125,9 @@ class ModelRunner:
             for j, i in enumerate(order):
                 rows[i] = logits[cu[j]:cu[j + 1]]
             return rows
-        if num_logits is not None and any(n != 1 for n in num_logits):
+        if extra_rows is not None and any(extra_rows):
+            last = logits_indices(meta.query_lens, order, num_logits or [1] * len(seqs), self.device, extra_rows)
+        elif num_logits is not None and any(n != 1 for n in num_logits):
             last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
         if self.compiled is not None and meta.num_decodes == len(seqs) and packing.ready_to_compile(self.model):
             meta.build_masks(self.model.config.sliding_window)  # plain data for the graph's guards
@@ -155,8 +162,16 @@ def _rank(q_len: int, num_computed: int) -> int:
 def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device) -> torch.Tensor:
     """Rows of the flat forward holding the last ``num_logits[i]`` new tokens of each sequence i
     (``query_lens`` in batch order, ``order[j]`` = the caller's index of batch position j)."""
-    end, ends = 0, [0] * len(order)
+    return logits_indices(query_lens, order, num_logits, device)
+
+
+def logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device,
+                   extra_rows: list[tuple[int, int] | None] | None = None) -> torch.Tensor:
+    """``spec_logits_indices``'s rows, then for each sequence i with ``extra_rows[i] = (lo, hi)``
+    the rows of its new tokens lo..hi-1 (``ModelRunner.execute``)."""
+    end, ends, starts = 0, [0] * len(order), [0] * len(order)
     for j, q in enumerate(query_lens):
+        starts[order[j]] = end
         end += q
         ends[order[j]] = end
     rows = []
@@ -164,4 +179,9 @@ def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: lis
         if not 1 <= n:
             raise ValueError(f"sequence {i}: num_logits must be >= 1, got {n}")
         rows += range(ends[i] - n, ends[i])
+    for i, span in enumerate(extra_rows or ()):
+        if span:
+            if not 0 <= span[0] < span[1] <= ends[i] - starts[i]:
+                raise ValueError(f"sequence {i}: extra rows {span} lie outside its {ends[i] - starts[i]} new tokens")
+            rows += range(starts[i] + span[0], starts[i] + span[1])
     return torch.tensor(rows, device=device)

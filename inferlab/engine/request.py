@@ -15,6 +15,10 @@ guesses for the tokens after its last one. They are not its tokens yet: the step
 lookahead behind the last token, the verifier keeps a prefix of them, and the rest are forgotten
 (``num_computed_tokens`` moves back over their slots).
 
+Log-probs (``inferlab.logprobs``) live beside the tokens: ``logprobs`` one entry per output token,
+appended with it, so a preempted sequence keeps them and its recompute adds none; the request's
+``prompt_logprobs`` grow chunk by chunk as its prefill computes the prompt's rows.
+
 Every sequence also carries its request's ``priority`` and ``arrival_time``: under the
 ``"priority"`` scheduling policy the queues are ordered by them (``scheduler.py``).
 """
@@ -41,8 +45,17 @@ class EngineSequence(Sequence):
     draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
     priority: int = 0                # vLLM's request priority: lower is served first (scheduling_policy="priority")
     arrival_time: float = 0.0        # the request's arrival (time.monotonic()): breaks ties between priorities
+    logprobs: list[dict] | None = None      # one {token_id: Logprob} per output token (params.logprobs set)
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: list | None = None     # the request's PromptLogprobs, shared by its n sequences
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its request wants prompt log-probs not all computed yet: the prompt's rows must run
+        through the lm_head, so no prefix-cache hit may skip them (vLLM does the same)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def is_decoding(self) -> bool:
@@ -85,6 +98,7 @@ class Request:
     aborted: bool = False
     stream: bool = True  # False: only the final output is reported
     priority: int = 0    # lower is served first (scheduling_policy="priority")
+    prompt_logprobs: list | None = None  # PromptLogprobs when params.prompt_logprobs is set
 
     @property
     def finished(self) -> bool:

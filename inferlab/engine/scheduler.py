@@ -133,7 +133,8 @@ class Scheduler:
 
     def admit(self, seq: EngineSequence, budget: int, out: SchedulerOutput) -> int:
         """Move the waiting ``seq`` to running and schedule its first tokens; returns how many
-        (0: it does not fit now, nothing changed). Prefix-cache hits are not computed again."""
+        (0: it does not fit now, nothing changed). Prefix-cache hits are not computed again, unless
+        the request wants prompt log-probs not computed yet: cached blocks have no logits."""
         reserved = len(self.running) + sum(s.num_pending_forks for s in self.running)  # n > 1 siblings to come
         if reserved + 1 + seq.num_pending_forks > self.max_num_seqs:
             return 0
@@ -141,7 +142,8 @@ class Scheduler:
         if first == 0 or not self.block_manager.can_allocate(first):
             return 0
         try:
-            cached = self.block_manager.allocate(seq.seq_id, seq.token_ids(0, first))
+            cached = self.block_manager.allocate(seq.seq_id, seq.token_ids(0, first),
+                                                 lookup=not seq.needs_prompt_logits)
         except NoFreeBlocksError:
             return 0
         seq.num_computed_tokens = cached
