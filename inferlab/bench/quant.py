@@ -65,12 +65,12 @@ def _row(model_name: str, name: str, bits: int, group, max_tokens: int | None, c
          progress: bool = False) -> dict:
     """Quantize one copy of the model with one method (or none, for fp32/fp16): bytes and perplexity."""
     from inferlab.eval.ppl import evaluate, protocol, test_stream
-    from inferlab.loader import load_checkpoint
+    from inferlab.loader import hf_model_folder, load_checkpoint
     from inferlab.quant.calibration import calibration_tokens
     from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 
     torch.manual_seed(0)
-    model, tok = load_checkpoint(model_name, device="cpu", dtype=torch.float32)
+    model, tok = load_checkpoint(hf_model_folder(model_name), device="cpu", dtype=torch.float32)  # a GGUF: its fp32 form
     if tok is None:
         raise InferlabError(f"{model_name} has no tokenizer.json: the benchmark needs its tokenizer")
     n_weights = linear_weight_bytes(model)[1]

@@ -48,17 +48,32 @@ def read_quantization_config(folder: Path) -> dict | None:
         raise CheckpointError(f"{folder}: AWQ version {qcfg.get('version')!r} is not supported: only the GEMM layout")
     if method in ("gptq", "awq") and qcfg.get("bits") not in METHODS[method].bits:
         raise CheckpointError(f"{folder}: {method} with {qcfg.get('bits')} bits is not supported")
+    for name, own in qcfg.get("modules", {}).items():
+        if own.get("quant_method", method) not in METHODS:
+            raise CheckpointError(f"{folder}: {name} is stored as {own.get('quant_method')!r}, which inferlab "
+                                  f"does not load: choose one of {', '.join(METHODS)}")
     return qcfg
 
 
-def linear_factory(qcfg: dict, skip=("lm_head",)):
-    """The linear factory that builds, for every projection but ``skip``, the method's module."""
-    method, bits = qcfg["quant_method"], int(qcfg.get("bits", METHODS[qcfg["quant_method"]].default_bits))
+def tensor_config(qcfg: dict, name: str) -> tuple[str, int, int | None]:
+    """(method, bits, group size) that ``name`` is stored with: the folder's method, or the tensor's
+    own entry in ``quantization_config["modules"]`` (a smaller group, a fallback type, the head)."""
+    own = qcfg.get("modules", {}).get(name, {})
+    if "quant_method" in own:  # another format: its own bits and block
+        spec = METHODS[own["quant_method"]]
+        return own["quant_method"], spec.default_bits, spec.default_group
+    method = qcfg["quant_method"]
+    bits = int(qcfg.get("bits", METHODS[method].default_bits))
+    return method, bits, own.get("group_size", qcfg.get("group_size", qcfg.get("block_size")))
 
+
+def linear_factory(qcfg: dict):
+    """The linear factory that builds, for every projection, the module its tensors were stored as
+    (``lm_head`` stays a float linear unless ``modules`` names it)."""
     def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
-        if name in skip:
+        if name == "lm_head" and name not in qcfg.get("modules", {}):
             return nn.Linear(in_features, out_features, bias=bias)
-        group = qcfg.get("group_size", qcfg.get("block_size"))
+        method, bits, group = tensor_config(qcfg, name)
         group = in_features if group in (-1, None) else group
         if method == "int8":
             return Int8Linear(in_features, out_features, bias)
@@ -71,18 +86,24 @@ def linear_factory(qcfg: dict, skip=("lm_head",)):
     return build
 
 
+def _hub_prefixes(tensors) -> set[str]:
+    """The linears stored in the hub GPTQ/AWQ layout: those with a ``qzeros`` (not a quantized head)."""
+    return {k.rsplit(".", 1)[0] for k in tensors if k.endswith(".qzeros")}
+
+
 def convert_checkpoint(qcfg: dict, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Hub GPTQ/AWQ tensors -> Int4Linear buffers; other methods are stored as the modules hold them."""
     method = qcfg["quant_method"]
     if method not in ("gptq", "awq"):
         return tensors
-    prefixes = {k.rsplit(".", 1)[0] for k in tensors if k.endswith(".qweight")}
+    prefixes = _hub_prefixes(tensors)
     out = {k: v for k, v in tensors.items()
            if not (k.rsplit(".", 1)[0] in prefixes and k.rsplit(".", 1)[1] in HUB_SUFFIXES)}
     for p in sorted(prefixes):
         part = {s: tensors[f"{p}.{s}"] for s in HUB_SUFFIXES if f"{p}.{s}" in tensors}
         if method == "gptq":
-            conv = hub.from_gptq(part, int(qcfg["bits"]), int(qcfg["group_size"]), bool(qcfg.get("desc_act")),
+            _, bits, group = tensor_config(qcfg, p)
+            conv = hub.from_gptq(part, bits, int(group), bool(qcfg.get("desc_act")),
                                  v1=qcfg.get("checkpoint_format", "gptq") == "gptq")
         else:
             conv = hub.from_awq(part)
@@ -95,9 +116,10 @@ def quantized_state_dict(model, qcfg: dict, float_dtype=torch.float16) -> dict[s
     method = qcfg["quant_method"]
     state = {}
     quant = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    hub_layout = {n: m for n, m in quant.items() if method in ("gptq", "awq") and isinstance(m, Int4Linear)}
     for key, t in model.state_dict().items():
         prefix = key.rsplit(".", 1)[0]
-        if prefix in quant and method in ("gptq", "awq") and not key.endswith(".bias"):
+        if prefix in hub_layout and not key.endswith(".bias"):
             continue
         packed = prefix in quant and not key.endswith(".bias")  # codes and scales keep their dtype
         if packed or not t.is_floating_point():
@@ -105,8 +127,8 @@ def quantized_state_dict(model, qcfg: dict, float_dtype=torch.float16) -> dict[s
         else:  # fp16 as hub checkpoints are, unless that would round (e.g. AWQ's rescaled norms)
             low = t.to(float_dtype)
             state[key] = low if torch.equal(low.to(t.dtype), t) else t
-    if method in ("gptq", "awq"):
-        for name, mod in quant.items():
+    if hub_layout:
+        for name, mod in hub_layout.items():
             parts = hub.to_gptq(mod, bool(qcfg.get("sym"))) if method == "gptq" else hub.to_awq(mod)
             state.update({f"{name}.{k}": v for k, v in parts.items()})
     if model.config.tie_word_embeddings:

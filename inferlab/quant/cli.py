@@ -41,8 +41,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: largest Hessian diagonal first)")
     p.add_argument("--sym", action="store_true", help="gptq: symmetric grid, zero point fixed mid-range "
                    "(default: asymmetric)")
+    p.add_argument("--quantize-head", action="store_true", help="store the output head quantized too: Q8_0 "
+                   "for the llama.cpp methods, INT8 for the others, as llama.cpp does (default: float)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress still goes to stderr)")
     return p
+
+
+def exceptions(qcfg: dict) -> list[str]:
+    """One line per way a tensor is stored otherwise than the method's default, with how many."""
+    counts: dict[str, int] = {}
+    for name, own in qcfg.get("modules", {}).items():
+        what = ("head as " + own["quant_method"] if name == "lm_head" else
+                f"as {own['quant_method']} (the {qcfg['quant_method']} block does not divide their width)"
+                if "quant_method" in own else
+                f"with group size {own['group_size']} (their width is not a multiple of {qcfg.get('group_size')})")
+        counts[what] = counts.get(what, 0) + 1
+    return [what if what.startswith("head") else f"{n} tensors {what}" for what, n in counts.items()]
 
 
 def main(argv: list[str]) -> int:
@@ -68,7 +82,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     qcfg = quantize_model(model, method, bits, group, tokenizer=tok, n_samples=args.calib_samples,
                           seq_len=args.seq_len, act_order=not args.no_act_order, sym=args.sym,
-                          progress=True)  # tqdm writes to stderr
+                          quantize_head=args.quantize_head, progress=True)  # tqdm writes to stderr
     seconds = time.perf_counter() - t0
     if args.format == "gguf":
         from inferlab.quant.gguf_export import write_gguf
@@ -83,4 +97,6 @@ def main(argv: list[str]) -> int:
     else:
         print(f"{method}: {nbytes / 2**20:.2f} MiB of linear weights ({res['bits_per_weight']} bits/weight), "
               f"{seconds:.1f} s -> {path}")
+        for line in exceptions(qcfg):
+            print(f"  {line}")
     return 0

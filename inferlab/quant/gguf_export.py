@@ -78,7 +78,7 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
               "q4_1": gguf.GGMLQuantizationType.Q4_1, "q4_k": gguf.GGMLQuantizationType.Q4_K, "f32": None}
     if method not in qtypes:
         raise InferlabError(f"GGUF export writes {', '.join(qtypes)}, not {method!r}")
-    qtype = qtypes[method]
+    block_types = {k: v for k, v in qtypes.items() if v is not None}
     ftype = {"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
              "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M,
              "f32": gguf.LlamaFileType.ALL_F32}[method]
@@ -107,7 +107,13 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
             return t.detach().float().cpu().numpy().astype(np.float32)
 
         embed = f32 if method == "f32" else f16
-        writer.add_tensor("token_embd.weight", embed(model.model.embed_tokens.weight))
+        head = model.lm_head if isinstance(model.lm_head, GGMLLinear) else None  # a quantized head
+        if head is not None and head.ggml_type not in block_types:
+            raise InferlabError(f"the output head is {head.ggml_type}: GGUF export writes {', '.join(block_types)}")
+        if head is not None and cfg.tie_word_embeddings:  # one tensor serves both, as llama.cpp stores it
+            writer.add_tensor("token_embd.weight", head.qweight.cpu().numpy(), raw_dtype=block_types[head.ggml_type])
+        else:
+            writer.add_tensor("token_embd.weight", embed(model.model.embed_tokens.weight))
         for i, layer in enumerate(model.model.layers):
             for hf, name in NAMES.items():
                 mod = layer.get_submodule(hf)
@@ -119,21 +125,24 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
                         raise InferlabError(f"layer {i} {hf} is {type(mod).__name__}: f32 export takes an "
                                             "unquantized model (load it without --method)")
                     rows = mod.weight.detach().float()
-                elif not isinstance(mod, GGMLLinear) or mod.ggml_type != method:
+                elif not isinstance(mod, GGMLLinear) or mod.ggml_type not in block_types:
                     raise InferlabError(f"layer {i} {hf} is not {method}: quantize with --method {method} first")
-                else:
+                else:  # each tensor in its own type (q4_k falls back to q4_1 where 256 does not divide)
                     rows = mod.qweight
                 if hf.endswith("q_proj"):
                     rows = rope_permute(rows, cfg.num_attention_heads)
                 elif hf.endswith("k_proj"):
                     rows = rope_permute(rows, cfg.num_key_value_heads)
-                if qtype is None:
+                if method == "f32":
                     writer.add_tensor(f"blk.{i}.{name}.weight", f32(rows))
                 else:
-                    writer.add_tensor(f"blk.{i}.{name}.weight", rows.cpu().numpy(), raw_dtype=qtype)
+                    writer.add_tensor(f"blk.{i}.{name}.weight", rows.cpu().numpy(), raw_dtype=block_types[mod.ggml_type])
         writer.add_tensor("output_norm.weight", f32(model.model.norm.weight))
         if not cfg.tie_word_embeddings:
-            writer.add_tensor("output.weight", embed(model.lm_head.weight))
+            if head is not None:
+                writer.add_tensor("output.weight", head.qweight.cpu().numpy(), raw_dtype=block_types[head.ggml_type])
+            else:
+                writer.add_tensor("output.weight", embed(model.lm_head.weight))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

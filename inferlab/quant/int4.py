@@ -127,7 +127,7 @@ class Int4Linear(QuantLinear):
     def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
         weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU for decode, the VNNI loop of
-        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 128), else (None) the
+        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 64), else (None) the
         compiled product of ``inferlab.quant.fused``, and dequantize-then-matmul for prefill."""
         if not x.is_cuda:
             return vnni.int4_linear(x, self.qweight, self.scales, self.zeros, self.group_size)

@@ -10,6 +10,17 @@
     q4_0    4        32 (fixed)          no           GGMLLinear
     q4_1    4        32 (fixed)          no           GGMLLinear  (Q4_0 plus a min per block)
     q4_k    4        256 (fixed)         no           GGMLLinear
+
+A width the group does not divide: real models are not all powers of two (SmolLM2's hidden size is
+576 = 4.5 x 128), so each linear gets its own format where the method's default does not fit, as
+llama.cpp's quantizer picks a fallback type per tensor:
+    int4, gptq, awq  halve the group until it divides the input width (576: 64), down to 32. Hub
+                     checkpoints come in groups of 32, 64 and 128, and halving keeps the kernels' shapes.
+    q4_k             Q4_1 for a tensor whose width is not a multiple of 256: the 32-value block with a
+                     min per block, as Q4_K's sub-blocks have (llama.cpp falls back to Q5_0, a format
+                     inferlab does not run; Q4_1 keeps the tensor at 4 bits and has a decode loop here).
+    nf4              blocks run over the flattened weight: only out * in must be a multiple of the block.
+Each exception is written per tensor in ``quantization_config["modules"]`` (see :func:`tensor_format`).
 """
 from __future__ import annotations
 
@@ -63,19 +74,47 @@ def resolve(method: str, bits: int | None = None, group_size: int | None = None)
     return method, bits, group_size
 
 
-def check_model(model, method: str, group_size: int | None, skip=("lm_head",)) -> None:
-    """Fail before any work if a group/block size does not divide some linear's input dimension."""
-    import torch.nn as nn
+BLOCK_FALLBACK = {"q4_k": "q4_1"}  # a llama.cpp type -> the type of a tensor its block does not fit
+MIN_GROUP = 32
+
+
+def tensor_format(method: str, group_size: int | None, in_features: int, out_features: int = 1) -> dict:
+    """How one linear of input width ``in_features`` is stored under ``method``: {} when the
+    method's own (group) size fits, else the override, {"group_size": g} or {"quant_method": t}.
+    Raises a one-line QuantizationError when nothing fits."""
     if group_size in (None, -1):
-        return
+        return {}
+    if method == "nf4":
+        if (in_features * out_features) % group_size:
+            raise QuantizationError(f"nf4 block size {group_size} does not divide the {out_features} x "
+                                    f"{in_features} weight: choose a block size that divides it (e.g. 64)")
+        return {}
+    if in_features % group_size == 0:
+        return {}
+    if method in BLOCK_FALLBACK and in_features % METHODS[BLOCK_FALLBACK[method]].default_group == 0:
+        return {"quant_method": BLOCK_FALLBACK[method]}
+    if METHODS[method].fixed_group:
+        raise QuantizationError(f"{method} blocks hold {group_size} values, which does not divide the input "
+                                f"dimension {in_features}: choose another method, or a model whose widths are "
+                                f"multiples of {group_size}")
+    g = group_size
+    while g > MIN_GROUP and in_features % g:
+        g //= 2
+    if in_features % g or g % 2:
+        raise QuantizationError(f"{method} group size {group_size} does not divide the input dimension "
+                                f"{in_features}, nor does any half of it down to {MIN_GROUP}: choose a divisor "
+                                f"of {in_features}")
+    return {"group_size": g}
+
+
+def check_model(model, method: str, group_size: int | None, skip=("lm_head",)) -> dict[str, dict]:
+    """Fail before any work if some linear cannot be stored under ``method``; else return the
+    per-tensor exceptions ({name: override}, see :func:`tensor_format`)."""
+    import torch.nn as nn
+    plan = {}
     for name, mod in model.named_modules():
         if isinstance(mod, nn.Linear) and name not in skip:
-            n = mod.in_features if method != "nf4" else mod.in_features * mod.out_features
-            if n % group_size:
-                what = "block size" if method in ("nf4", "q8_0", "q4_0", "q4_1", "q4_k") else "group size"
-                if METHODS[method].fixed_group:  # the block is the format's: nothing to choose
-                    raise QuantizationError(f"{method} blocks hold {group_size} values, which does not divide "
-                                            f"the input dimension {mod.in_features} of {name}: choose another "
-                                            f"method (q8_0, q4_0 and q4_1 use blocks of 32)")
-                raise QuantizationError(f"{method} {what} {group_size} does not divide the input dimension "
-                                        f"{mod.in_features} of {name}: choose a divisor of {mod.in_features}")
+            fmt = tensor_format(method, group_size, mod.in_features, mod.out_features)
+            if fmt:
+                plan[name] = fmt
+    return plan

@@ -28,31 +28,59 @@ def _progress(iterable, enabled: bool, desc: str):
 
 
 def quantization_config(method: str, bits: int, group_size: int | None, act_order: bool = False,
-                        sym: bool = False) -> dict:
-    """The ``quantization_config`` entry of config.json (hub field names for GPTQ and AWQ)."""
+                        sym: bool = False, modules: dict[str, dict] | None = None) -> dict:
+    """The ``quantization_config`` entry of config.json (hub field names for GPTQ and AWQ).
+    ``modules`` holds the tensors stored otherwise than the method's default: a smaller group or
+    another block type where the default does not divide the width, and a quantized ``lm_head``."""
     if method == "gptq":
-        return {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order,
-                "sym": sym, "damp_percent": 0.01, "true_sequential": False, "lm_head": False,
-                "checkpoint_format": "gptq" if sym else "gptq_v2"}
-    if method == "awq":
-        return {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True,
-                "version": "gemm"}
-    cfg = {"quant_method": method, "bits": bits}
-    if group_size is not None:
-        cfg["group_size" if method == "int4" else "block_size"] = group_size
+        cfg = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "desc_act": act_order,
+               "sym": sym, "damp_percent": 0.01, "true_sequential": False, "lm_head": False,
+               "checkpoint_format": "gptq" if sym else "gptq_v2"}
+    elif method == "awq":
+        cfg = {"quant_method": "awq", "bits": bits, "group_size": group_size, "zero_point": True,
+               "version": "gemm"}
+    else:
+        cfg = {"quant_method": method, "bits": bits}
+        if group_size is not None:
+            cfg["group_size" if method == "int4" else "block_size"] = group_size
+    if modules:
+        cfg["modules"] = dict(sorted(modules.items()))
     return cfg
+
+
+def head_format(method: str) -> dict:
+    """The format of a quantized output head: llama.cpp keeps its token embedding / output in Q8_0
+    (or better) under every 4-bit type, since the head's errors land straight on the logits; here
+    Q8_0 for the llama.cpp methods, INT8 per output channel for the others."""
+    return {"quant_method": "q8_0" if method in ("q8_0", "q4_0", "q4_1", "q4_k") else "int8"}
+
+
+def build_linear(lin: nn.Linear, method: str, bits: int, group_size: int | None, fmt: dict) -> QuantLinear:
+    """One round-to-nearest linear under ``method``, or under its per-tensor override ``fmt``."""
+    method = fmt.get("quant_method", method)
+    group_size = fmt.get("group_size", group_size)
+    if method == "int8":
+        return Int8Linear.from_float(lin)
+    if method in ("int4", "gptq", "awq"):
+        return Int4Linear.from_float(lin, group_size if group_size not in (-1, None) else lin.in_features, bits)
+    if method == "nf4":
+        return NF4Linear.from_float(lin, group_size)
+    return GGMLLinear.from_float(lin, method)
 
 
 @torch.no_grad()
 def quantize_model(model, method: str, bits: int | None = None, group_size: int | None = None, *,
                    tokenizer=None, calibration_tokens: torch.Tensor | None = None, n_samples: int = 64,
                    seq_len: int = 512, act_order: bool = True, sym: bool = False,
-                   progress: bool = True) -> dict:
-    """Quantize ``model`` in place with ``method``; returns its quantization_config."""
+                   quantize_head: bool = False, progress: bool = True) -> dict:
+    """Quantize ``model`` in place with ``method``; returns its quantization_config.
+
+    ``quantize_head`` also stores the output head quantized (:func:`head_format`). With tied
+    embeddings the input lookup keeps its float table: it reads one row per token, the head all of it."""
     method, bits, group_size = resolve(method, bits, group_size)
     if quantized_modules(model):
         raise QuantizationError("this model is already quantized: load the unquantized model to quantize it")
-    check_model(model, method, group_size)
+    modules = check_model(model, method, group_size)
     if method == "awq" and group_size == -1:
         group_size = None
     if METHODS[method].calibrated:
@@ -61,21 +89,24 @@ def quantize_model(model, method: str, bits: int | None = None, group_size: int 
                 raise ValueError(f"{method} needs calibration data: pass a tokenizer or calibration_tokens")
             seq_len = min(seq_len, model.config.max_position_embeddings)
             calibration_tokens = calibration.calibration_tokens(tokenizer, n_samples, seq_len)
+        group_of = (lambda name, lin: modules.get(name, {}).get("group_size", group_size or lin.in_features))
         if method == "gptq":
-            _gptq(model, calibration_tokens, bits, group_size, act_order, sym, progress)
+            _gptq(model, calibration_tokens, bits, group_of, act_order, sym, progress)
         else:
-            _awq(model, calibration_tokens, bits, group_size, progress)
-        return quantization_config(method, bits, group_size, act_order and method == "gptq", sym)
-    convert = {
-        "int8": lambda name, lin: Int8Linear.from_float(lin),
-        "int4": lambda name, lin: Int4Linear.from_float(lin, group_size if group_size != -1 else lin.in_features, bits),
-        "nf4": lambda name, lin: NF4Linear.from_float(lin, group_size),
-    }.get(method, lambda name, lin: GGMLLinear.from_float(lin, method))
-    replace_linears(model, convert)
-    return quantization_config(method, bits, group_size)
+            _awq(model, calibration_tokens, bits, group_of, progress)
+    else:
+        replace_linears(model, lambda name, lin: build_linear(lin, method, bits, group_size, modules.get(name, {})))
+    if quantize_head:
+        modules["lm_head"] = head_format(method)
+        model.lm_head = build_linear(model.lm_head, method, bits, group_size, modules["lm_head"])
+    return quantization_config(method, bits, group_size, act_order and method == "gptq", sym, modules)
 
 
-def _gptq(model, tokens, bits, group_size, act_order, sym, progress) -> None:
+def _layer_name(i: int, name: str) -> str:
+    return f"model.layers.{i}.{name}"
+
+
+def _gptq(model, tokens, bits, group_of, act_order, sym, progress) -> None:
     for i in _progress(range(len(model.model.layers)), progress, f"GPTQ {bits}-bit"):
         layer = model.model.layers[i]
         linears = calibration.layer_linears(layer)
@@ -87,13 +118,13 @@ def _gptq(model, tokens, bits, group_size, act_order, sym, progress) -> None:
             for h in handles:
                 h.remove()
         for name, lin in linears.items():
-            new = gptq_linear(lin, hessians[name].H, bits, group_size, act_order, sym)
+            group = group_of(_layer_name(i, name), lin)
+            new = gptq_linear(lin, hessians[name].H, bits, -1 if group == lin.in_features else group, act_order, sym)
             parent, _, child = name.rpartition(".")
             setattr(layer.get_submodule(parent), child, new)
 
 
-def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_rows: int = 512) -> None:
-    group_size_of = (lambda lin: group_size or lin.in_features)
+def _awq(model, tokens, bits, group_of, progress, max_rows: int = 2048, clip_rows: int = 512) -> None:
     for i in _progress(range(len(model.model.layers)), progress, f"AWQ {bits}-bit"):
         layer = model.model.layers[i]
         linears = calibration.layer_linears(layer)
@@ -118,7 +149,7 @@ def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_r
             first = names[0]
             mods = [layer.get_submodule(n) for n in names]
             s, _, _ = awq.search_scale(x[first], abs_sum[first] / count[first], [m.weight for m in mods],
-                                       bits, group_size_of(mods[0]))
+                                       bits, group_of(_layer_name(i, first), mods[0]))
             awq.apply_scale(prev, mods, s)
             for n in names:
                 x[n] = x[n] / s
@@ -126,8 +157,8 @@ def _awq(model, tokens, bits, group_size, progress, max_rows: int = 2048, clip_r
             if name.endswith(("q_proj", "k_proj")):  # AutoAWQ leaves q/k unclipped (attention scores are sensitive)
                 continue
             rows = x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows]  # 512 tokens, as AutoAWQ clips on
-            lin.weight.copy_(awq.search_clip(lin.weight, rows, bits, group_size_of(lin)))
-    replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_size_of(lin), bits))
+            lin.weight.copy_(awq.search_clip(lin.weight, rows, bits, group_of(_layer_name(i, name), lin)))
+    replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_of(name, lin), bits))
 
 
 def quantized_modules(model) -> dict[str, QuantLinear]:

@@ -113,13 +113,14 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
 }
 
 /* INT4 weights: qweight [N, K / 2] bytes, byte j = code 2j (low nibble) | code 2j + 1 (high),
-   fp16 scales and uint8 zeros [N, K / G], w = (q - z) * s; x [M, K] -> y [M, N]. G % 128 == 0.
+   fp16 scales and uint8 zeros [N, K / G], w = (q - z) * s; x [M, K] -> y [M, N]. G % 64 == 0.
    The activations are quantized per group and split into even and odd columns, so 64 bytes of
-   codes (128 weights) meet their activations in two vpdpbusd: low nibbles x even, high x odd.
+   codes (128 weights) meet their activations in two vpdpbusd: low nibbles x even, high x odd;
+   a group of 64 more (G = 64, 192, ...: a width like 576 takes groups of 64) in two 256-bit ones.
    The zero point leaves the loop: sum_k (q_k - z) xq_k = sum_k q_k xq_k - z sum_k xq_k. */
 VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, const uint16_t *scales,
                             const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
-    const int G = K / group_size, chunks = group_size / 128, half = K / 2;
+    const int G = K / group_size, chunks = group_size / 128, tail = group_size % 128, half = K / 2;
     int8_t *xe = malloc((size_t)M * K);  /* even columns, then (at + M * half) odd columns */
     float *xs = malloc(sizeof(float) * M * G);
     int32_t *xsum = malloc(sizeof(int32_t) * M * G);
@@ -143,6 +144,7 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
             xsum[m * G + g] = sum;
         }
     const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m256i low256 = _mm256_set1_epi8(0x0F);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
         const uint8_t *row = qweight + (size_t)n * half;
@@ -153,13 +155,23 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
             for (int g = 0; g < G; g++) {
                 __m512i dot = _mm512_setzero_si512();
                 for (int c = 0; c < chunks; c++) {
-                    const int off = (g * chunks + c) * 64;
+                    const int off = g * (group_size / 2) + c * 64;
                     __m512i v = _mm512_loadu_si512(row + off);
                     _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
                     __m512i lo = _mm512_and_si512(v, low);
                     __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                     dot = _mm512_dpbusd_epi32(dot, lo, _mm512_loadu_si512(em + off));
                     dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(om + off));
+                }
+                if (tail) {  /* the last 64 weights of the group: 32 bytes */
+                    const int off = g * (group_size / 2) + chunks * 64;
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(row + off));
+                    _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+                    __m256i lo = _mm256_and_si256(v, low256);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low256);
+                    __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)(em + off)));
+                    d = _mm256_dpbusd_epi32(d, hi, _mm256_loadu_si256((const __m256i *)(om + off)));
+                    dot = _mm512_add_epi32(dot, _mm512_zextsi256_si512(d));
                 }
                 const float sx = _cvtsh_ss(scales[(size_t)n * G + g]) * xs[m * G + g];
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sx), acc);

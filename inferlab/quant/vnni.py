@@ -164,9 +164,9 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) ->
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                 group_size: int) -> torch.Tensor | None:
-    """x [..., K] @ w^T for the ``inferlab.quant.int4`` layout (groups of a multiple of 128) with
+    """x [..., K] @ w^T for the ``inferlab.quant.int4`` layout (groups of a multiple of 64) with
     int8 activations per group; None: not here."""
-    if group_size % 128 or scales.dtype != torch.float16 or zeros.dtype != torch.uint8 \
+    if group_size % 64 or scales.dtype != torch.float16 or zeros.dtype != torch.uint8 \
             or not (qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous()) \
             or not _usable(x, qweight):
         return None

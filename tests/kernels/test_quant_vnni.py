@@ -69,12 +69,13 @@ def test_int8_widths_off_the_block_size_leave_the_loop():
 
 
 @needs_vnni
-@pytest.mark.parametrize("group,bits", [(128, 4), (256, 4), (128, 3)])
+@pytest.mark.parametrize("group,bits,k", [(128, 4, 512), (256, 4, 512), (128, 3, 512),
+                                          (64, 4, 576), (192, 4, 576)])  # 576 = SmolLM2's width: groups of 64
 @pytest.mark.parametrize("rows", [1, 2, vnni.MAX_ROWS])
-def test_int4_matches_its_arithmetic_and_the_reference(group, bits, rows):
+def test_int4_matches_its_arithmetic_and_the_reference(group, bits, k, rows):
     torch.manual_seed(group + rows)
-    mod = Int4Linear.from_float(nn.Linear(512, 48, bias=False), group, bits)
-    x = torch.randn(rows, 512) * torch.linspace(0.1, 3, 512)  # groups of different scales
+    mod = Int4Linear.from_float(nn.Linear(k, 48, bias=False), group, bits)
+    x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different scales
     with torch.inference_mode():
         out, ref = mod(x), mod.forward_reference(x)
     torch.testing.assert_close(out, _w4a8(x, mod), rtol=1e-4, atol=1e-4)
@@ -133,8 +134,8 @@ def test_other_group_sizes_modes_and_many_rows_leave_the_loop(monkeypatch):
     torch.manual_seed(0)
     lin = nn.Linear(256, 32)
     x = torch.randn(1, 256)
-    g64 = Int4Linear.from_float(lin, 64)  # not a multiple of 128: the compiled product
-    assert vnni.int4_linear(x, g64.qweight, g64.scales, g64.zeros, 64) is None
+    g32 = Int4Linear.from_float(lin, 32)  # not a multiple of 64: the compiled product
+    assert vnni.int4_linear(x, g32.qweight, g32.scales, g32.zeros, 32) is None
     g128 = Int4Linear.from_float(lin, 128)
     assert vnni.int4_linear(torch.randn(vnni.MAX_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
     monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
