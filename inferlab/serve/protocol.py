@@ -1,9 +1,18 @@
 """The OpenAI API's request and response bodies, as pydantic models with OpenAI's field names.
 
 Only what the engine can honour is accepted: fields that would change the answer and that the
-engine lacks (``logprobs``, ``suffix``, tools, ``best_of > n``...) are refused with a 400 rather than
+engine lacks (``suffix``, tools, ``best_of > n``...) are refused with a 400 rather than
 silently ignored; fields that change nothing here (``user``, ``presence_penalty=0``...) are ignored,
 as vLLM does. ``top_k`` and ``ignore_eos`` are vLLM's extensions of the API.
+
+Log-probabilities come in OpenAI's two shapes, built from the engine's ``{token_id: Logprob}``
+entries (``inferlab.logprobs``): completions' ``logprobs: N`` gives parallel lists (``tokens``,
+``token_logprobs``, ``top_logprobs``: the chosen token and the N best, ``text_offset``: where each
+token starts in the choice's text); ``echo`` with ``logprobs`` scores the prompt too (its first
+token has None), and ``echo`` with ``max_tokens: 0`` scores the prompt alone (what evaluation
+harnesses send). Chat's ``logprobs: true`` with ``top_logprobs: N`` gives a ``content`` list, one
+``{token, logprob, bytes, top_logprobs}`` per token. A log-prob of -inf (a token filtered out
+under ``processed_logprobs``) is sent as -9999.0, as vLLM does: JSON has no infinity.
 """
 from __future__ import annotations
 
@@ -13,7 +22,10 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inferlab.logprobs import Logprob
 from inferlab.sampling import SamplingParams
+
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 
 
 class OpenAIModel(BaseModel):
@@ -60,7 +72,19 @@ class SamplingFields(OpenAIModel):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=-1 if self.top_k in (None, 0) else self.top_k,
             seed=self.seed, max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, n=self.n)
+            ignore_eos=self.ignore_eos, n=self.n, logprobs=self.num_logprobs(),
+            prompt_logprobs=self.num_prompt_logprobs())
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs``: how many top tokens per generated token, None for none."""
+        return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        return None
+
+    def logprobs_problem(self, cap: int) -> tuple[str, str] | None:
+        """(one-line message, param) when the log-prob fields ask for what the server cannot give."""
+        return None
 
 
 class CompletionRequest(SamplingFields):
@@ -71,9 +95,24 @@ class CompletionRequest(SamplingFields):
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
+    @property
+    def score_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: score the prompt, generate nothing (lm-eval's request)."""
+        return self.echo and self.max_tokens == 0
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    def logprobs_problem(self, cap: int) -> tuple[str, str] | None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= cap:
+            return (f"logprobs must be an integer from 0 to {cap}, got {self.logprobs}: ask for at most "
+                    f"{cap} top tokens", "logprobs")
+        return None
+
     def unsupported(self) -> str | None:
-        if self.logprobs is not None:
-            return "logprobs is not supported by this server: leave it unset"
         if self.suffix:
             return "suffix (fill-in-the-middle) is not supported by this server: leave it unset"
         if self.best_of is not None and self.best_of != self.n:
@@ -103,13 +142,23 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = None            # default: what the context has room for
     max_completion_tokens: Optional[int] = None  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
     tools: Optional[list[dict]] = None
     response_format: Optional[dict] = None
 
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def logprobs_problem(self, cap: int) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs needs logprobs: true: set logprobs, or leave top_logprobs unset", "top_logprobs"
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= cap:
+            return (f"top_logprobs must be an integer from 0 to {cap}, got {self.top_logprobs}: ask for at most "
+                    f"{cap} top tokens", "top_logprobs")
+        return None
+
     def unsupported(self) -> str | None:
-        if self.logprobs:
-            return "logprobs is not supported by this server: leave it unset"
         if self.tools:
             return "tools (function calling) are not supported by this server: leave them unset"
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -128,10 +177,35 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions log-probs: four lists, one entry per token of the choice's text."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, token_ids: list[int], entries: list, offset: int = 0, decode=None) -> "CompletionLogprobs":
+        """From the engine's entries (None for a prompt's first token, scored by nothing, whose
+        text ``decode(id)`` gives); ``offset``: where the first token starts in the choice's text."""
+        out = cls()
+        for tok, entry in zip(token_ids, entries):
+            chosen = entry[tok] if entry is not None else None
+            text = _token_text(tok, chosen, decode)
+            out.text_offset.append(offset)
+            out.tokens.append(text)
+            out.token_logprobs.append(None if chosen is None else _json_logprob(chosen.logprob))
+            out.top_logprobs.append(None if entry is None else
+                                    {_token_text(t, v, decode): _json_logprob(v.logprob) for t, v in entry.items()})
+            offset += len(text)
+        return out
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[str] = None
 
 
@@ -154,17 +228,63 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's chat log-probs: one entry per generated token, each with its ``top_logprobs``."""
+
+    content: Optional[list[ChatTokenLogprob]] = None
+    refusal: Optional[list[ChatTokenLogprob]] = None
+
+    @classmethod
+    def of(cls, token_ids: list[int], entries: list, top: int) -> "ChatLogprobs":
+        """From the engine's entries: the chosen token, then the ``top`` most likely (the chosen
+        one among them only if it is one of them)."""
+        content = []
+        for tok, entry in zip(token_ids, entries):
+            best = sorted(((t, v) for t, v in entry.items() if t != tok or v.rank <= top), key=lambda tv: -tv[1].logprob)
+            content.append(ChatTokenLogprob(**_top(tok, entry[tok]).model_dump(),
+                                            top_logprobs=[_top(t, v) for t, v in best[:top]]))
+        return cls(content=content)
+
+
+def _top(tok: int, v: Logprob) -> TopLogprob:
+    text = _token_text(tok, v, None)
+    return TopLogprob(token=text, logprob=_json_logprob(v.logprob), bytes=list(text.encode("utf-8")))
+
+
+def _token_text(tok: int | None, v: Logprob | None, decode) -> str:
+    """A token's text: the engine's decoded token, else ``decode(id)``, else vLLM's "token_id:N"."""
+    if v is not None and v.decoded_token is not None:
+        return v.decoded_token
+    if decode is not None and tok is not None:
+        return decode(tok)
+    return f"token_id:{tok}"
+
+
+def _json_logprob(x: float) -> float:
+    return max(x, LOGPROB_FLOOR)
+
+
 class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 
 class ChatStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[str] = None
 
 

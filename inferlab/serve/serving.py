@@ -10,6 +10,11 @@ The event loop only routes: tokenizing a prompt and rendering a chat template (m
 seconds for a long prompt) run on a worker thread, as in vLLM, so one large request never stalls
 the other clients' streams or ``/health``. Requests are admitted while the engine's waiting queue
 has room (``limits.py``); beyond it they get 429 at once instead of joining a backlog.
+
+Log-probs ride on the same outputs: the engine scores the tokens of the requests that ask
+(``SamplingParams.logprobs`` / ``prompt_logprobs``), and each choice, or each streamed chunk, carries
+those of its own tokens in OpenAI's shape (``protocol.CompletionLogprobs``, ``protocol.ChatLogprobs``).
+An echoed prompt is sent with the first chunk of its choice, once its log-probs exist.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class OpenAIServing:
         self.max_model_len = cfg.max_model_len
         self.pool_slots = cfg.num_kv_blocks * cfg.block_size
         self.vocab_size = engine.engine.model.config.vocab_size
+        self.max_logprobs = cfg.max_logprobs
 
     def models(self) -> P.ModelList:
         return P.ModelList(data=[P.ModelCard(id=self.model_name, root=self.root, max_model_len=self.max_model_len)])
@@ -65,7 +71,7 @@ class OpenAIServing:
         problem = req.unsupported()
         if problem:
             raise ApiError(problem)
-        capped = request_problem(req, self.limits)
+        capped = req.logprobs_problem(self.max_logprobs) or request_problem(req, self.limits)
         if capped:
             raise ApiError(capped[0], param=capped[1])
 
@@ -158,7 +164,8 @@ class OpenAIServing:
         with self._admission():
             prompts = await self._off_loop(self._prompts, req.prompt)
             rid = P.new_id("cmpl")
-            streams = await self._submit(rid, prompts, req, req.max_tokens, arrival)
+            # scoring only (echo, max_tokens 0): the engine generates one token, which is not sent (as vLLM)
+            streams = await self._submit(rid, prompts, req, 1 if req.score_only else req.max_tokens, arrival)
         try:
             echo = await self._off_loop(self._echo, prompts) if req.echo else [""] * len(prompts)
         except BaseException:
@@ -168,28 +175,59 @@ class OpenAIServing:
         if req.stream:
             return EventStream(self._completion_events(rid, req, streams, prompts, echo), streams)
         finals = await collect_finals(streams)
-        choices = [P.CompletionChoice(index=i * req.n + c.index, text=echo[i] + c.text, finish_reason=c.finish_reason)
+        choices = [self._completion_choice(i * req.n + c.index, req, out, c, echo[i])
                    for i, out in enumerate(finals) for c in out.outputs]
-        return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage(finals))
+        return P.CompletionResponse(id=rid, model=self.model_name, choices=choices,
+                                    usage=_usage(finals, req.score_only))
 
     def _echo(self, prompts: list[list[int]]) -> list[str]:
         return [self.tokenizer.decode(ids) if self.tokenizer else "" for ids in prompts]
+
+    def _decode_token(self, token_id: int) -> str | None:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else None
+
+    def _completion_choice(self, index: int, req, out: RequestOutput, c, echo: str) -> P.CompletionChoice:
+        """One finished choice: the echoed prompt, then the generated text (none when only scoring),
+        with the log-probs of both when asked."""
+        logprobs = None
+        if req.logprobs is not None:
+            ids, entries = (list(out.prompt_token_ids), list(out.prompt_logprobs)) if req.echo else ([], [])
+            if not req.score_only:
+                ids, entries = ids + c.token_ids, entries + c.logprobs
+            logprobs = P.CompletionLogprobs.of(ids, entries, decode=self._decode_token)
+        return P.CompletionChoice(index=index, text=echo + ("" if req.score_only else c.text), logprobs=logprobs,
+                                  finish_reason="length" if req.score_only else c.finish_reason)
 
     async def _completion_events(self, rid, req, streams, prompts, echo) -> AsyncIterator[str]:
         def chunk(choices, usage=None):
             return P.CompletionResponse(id=rid, model=self.model_name, choices=choices, usage=usage)
 
-        if req.echo:
-            yield sse(chunk([P.CompletionChoice(index=i * req.n + j, text=echo[i])
-                              for i in range(len(prompts)) for j in range(req.n)]))
+        def logprobs(ids, entries, index):  # text_offset goes on from the choice's tokens sent so far
+            lp = P.CompletionLogprobs.of(ids, entries, offsets[index], self._decode_token)
+            if lp.tokens:
+                offsets[index] = lp.text_offset[-1] + len(lp.tokens[-1])
+            return lp
+
+        offsets: dict[int, int] = {}  # choice index -> where its next token starts (once it has begun)
         finals = []
         async for event in self._deltas(streams, req.n):
             if isinstance(event, list):
                 finals = event
-            else:
-                yield sse(chunk([P.CompletionChoice(index=event[0], text=event[1], finish_reason=event[2])]))
+                continue
+            index, text, reason, new, out = event
+            if index not in offsets:
+                offsets[index] = 0
+                if req.echo:
+                    lp = None if req.logprobs is None else logprobs(out.prompt_token_ids, out.prompt_logprobs, index)
+                    yield sse(chunk([P.CompletionChoice(index=index, text=echo[index // req.n], logprobs=lp)]))
+            if req.score_only:
+                if reason:
+                    yield sse(chunk([P.CompletionChoice(index=index, text="", finish_reason="length")]))
+                continue
+            lp = None if new is None else logprobs(*new, index)
+            yield sse(chunk([P.CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=reason)]))
         if req.stream_options and req.stream_options.include_usage and finals:
-            yield sse(chunk([], _usage(finals)))
+            yield sse(chunk([], _usage(finals, req.score_only)))
 
     # ---- /v1/chat/completions -----------------------------------------------------------------
     async def chat(self, req: P.ChatCompletionRequest):
@@ -205,6 +243,7 @@ class OpenAIServing:
             return EventStream(self._chat_events(rid, req, streams), streams)
         (out,) = await collect_finals(streams)
         choices = [P.ChatChoice(index=c.index, message=P.ChatMessageOut(content=c.text),
+                                logprobs=self._chat_logprobs(req, c.token_ids, c.logprobs),
                                 finish_reason=c.finish_reason) for c in out.outputs]
         return P.ChatCompletionResponse(id=rid, model=self.model_name, choices=choices, usage=_usage([out]))
 
@@ -222,6 +261,10 @@ class OpenAIServing:
             raise ApiError("the messages are empty: give some content", param="messages")
         return ids, chat
 
+    @staticmethod
+    def _chat_logprobs(req, token_ids, entries) -> P.ChatLogprobs | None:
+        return P.ChatLogprobs.of(token_ids, entries, req.top_logprobs or 0) if req.logprobs else None
+
     async def _chat_events(self, rid, req, streams) -> AsyncIterator[str]:
         def chunk(choices, usage=None):
             return P.ChatCompletionChunk(id=rid, model=self.model_name, choices=choices, usage=usage)
@@ -233,30 +276,36 @@ class OpenAIServing:
             if isinstance(event, list):
                 finals = event
             else:
-                index, text, reason = event
+                index, text, reason, new, _ = event
                 delta = P.DeltaMessage(content=text) if text or reason is None else P.DeltaMessage()
-                yield sse(chunk([P.ChatStreamChoice(index=index, delta=delta, finish_reason=reason)]))
+                lp = None if new is None else self._chat_logprobs(req, *new)
+                yield sse(chunk([P.ChatStreamChoice(index=index, delta=delta, logprobs=lp, finish_reason=reason)]))
         if req.stream_options and req.stream_options.include_usage and finals:
             yield sse(chunk([], _usage(finals)))
 
     # ---- streaming, shared ----------------------------------------------------------------------
     async def _deltas(self, streams, n: int):
-        """(choice index, new text, finish reason or None) per change; the final outputs at the end."""
+        """(choice index, new text, finish reason or None, (new token ids, their log-prob entries) or
+        None, the request's output) per change; the final outputs at the end. With log-probs, new
+        tokens make a change even while their text is held back (half a character)."""
         finished, finals = set(), [None] * len(streams)
         async for i, out in merge_streams(streams):
             for c in out.outputs:
                 index = i * n + c.index
-                if index in finished or not (c.delta_text or c.finish_reason):
+                new = None
+                if c.logprobs is not None and c.delta_token_ids:  # the last ones: a cumulative list
+                    new = (c.delta_token_ids, c.logprobs[len(c.logprobs) - len(c.delta_token_ids):])
+                if index in finished or not (c.delta_text or c.finish_reason or new):
                     continue
                 if c.finish_reason:
                     finished.add(index)
-                yield index, c.delta_text, c.finish_reason
+                yield index, c.delta_text, c.finish_reason, new, out
             if out.finished:
                 finals[i] = out
         yield finals
 
 
-def _usage(finals: list[RequestOutput]) -> P.UsageInfo:
+def _usage(finals: list[RequestOutput], score_only: bool = False) -> P.UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in finals)
-    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    completion = 0 if score_only else sum(len(c.token_ids) for o in finals for c in o.outputs)
     return P.UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -26,7 +26,8 @@ def _post(server, path, **kw):
     (b'{"prompt": "x", "n": 0}', None),
     (b'{"prompt": "x", "n": 9}', None),                 # more than max_num_seqs
     (b'{"prompt": "x", "n": 2, "best_of": 3}', None),
-    (b'{"prompt": "x", "logprobs": 2}', None),
+    (b'{"prompt": "x", "logprobs": 21}', "logprobs"),        # above the cap (max_logprobs, 20)
+    (b'{"prompt": "x", "logprobs": -1}', "logprobs"),
     (b'{"prompt": ""}', "prompt"),
     (b'{"prompt": [1, 99999]}', "prompt"),
     (b'{"prompt": []}', "prompt"),
@@ -51,6 +52,8 @@ def test_bad_completion_requests_get_400(server, body, param):
     {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
     {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1},
     {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5},
+    {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},                    # without logprobs
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},  # above the cap
 ])
 def test_bad_chat_requests_get_400(server, body):
     r = _post(server, "/v1/chat/completions", json=body)
