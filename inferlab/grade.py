@@ -1,15 +1,20 @@
 """``inferlab grade labs/NN_topic [--reference] [--json results.json]``: run a lab's graded tests.
 
-Which ``starter.py`` is graded: the student's copy in ``workspace/`` (what ``make lab`` serves)
-whenever one exists, from any working folder: the repository's root, ``workspace/``, a notebook
-cell under ``workspace/notebooks`` (``!inferlab grade labs/02_kv_cache`` or ``../labs/...``), or
-anywhere else. Only an absolute path, or a relative one that names a folder inside a workspace,
-is graded exactly as given. The report starts with the absolute path of the file it graded, and
-says so in one line when that file is the course's own untouched starter.
+Which ``starter.py`` is graded: the student's copy in ``workspace/`` whenever one exists, from
+any working folder: the repository's root, ``workspace/``, a notebook cell under
+``workspace/notebooks`` (``!inferlab grade ../labs/02_kv_cache``), or anywhere else. A workspace
+is the copy ``make lab`` made (it holds workspace.MANIFEST) or a ``workspace/`` folder with a
+``labs/`` inside, made by hand. The copy is graded rather than merely named, because it is the
+file the student edits: grading the course's starter instead would score their work 0. When the
+typed path named another folder, the report says which one was graded instead. Only an absolute
+path, or a relative one that names a folder inside a workspace, is graded exactly as given. The
+report starts with the absolute path of the file it graded, and says so in one line when that
+file is the course's own untouched starter.
 
 The tests run under pytest in a fresh subprocess (so a student's file is imported clean every
 time and cannot crash the grader), with the plugin in :mod:`inferlab.labkit` recording each
-test's points. The result has the shape Gradescope's autograder expects::
+test's points. The grader loads that plugin itself and no conftest.py, so a lab folder copied
+anywhere grades the same. The result has the shape Gradescope's autograder expects::
 
     {"score": 4.0, "max_score": 17.0,
      "tests": [{"name": "test_weight_bytes_of_known_models", "score": 2.0, "max_score": 2.0,
@@ -44,16 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def find_workspace(cwd: Path) -> Path | None:
-    """The workspace that holds ``cwd`` (a folder with workspace.MANIFEST above it), else the
-    course's own ``workspace/`` when ``make lab`` has made one, else None."""
+def is_workspace(folder: Path) -> bool:
+    """A student's workspace: the copy ``make lab`` made (it holds the manifest), or a folder
+    named ``workspace/`` with a ``labs/`` inside, copied there by hand."""
     from inferlab.viz.workspace import MANIFEST, WORKSPACE
 
+    return (folder / MANIFEST).is_file() or (folder.name == WORKSPACE and (folder / "labs").is_dir())
+
+
+def find_workspace(cwd: Path) -> Path | None:
+    """The workspace that holds ``cwd`` or sits in one of its folders (the repository's root
+    holds ``workspace/``), else the course's own ``workspace/``, else None."""
+    from inferlab.viz.workspace import WORKSPACE
+
     for folder in (cwd, *cwd.parents):
-        if (folder / MANIFEST).is_file():
-            return folder
+        for candidate in (folder, folder / WORKSPACE):
+            if is_workspace(candidate):
+                return candidate
     own = REPO_ROOT / WORKSPACE
-    return own if (own / MANIFEST).is_file() else None
+    return own if is_workspace(own) else None
 
 
 def resolve_lab(arg: str | os.PathLike, cwd: str | os.PathLike | None = None) -> Path:
@@ -70,6 +84,16 @@ def resolve_lab(arg: str | os.PathLike, cwd: str | os.PathLike | None = None) ->
     if workspace is not None and (workspace / "labs" / path.name).is_dir():
         return find_lab(workspace / "labs" / path.name)
     return find_lab(here if here.is_dir() else path)
+
+
+def redirect_note(arg: str | os.PathLike, cwd: str | os.PathLike | None, lab: Path) -> str | None:
+    """One line when ``arg`` typed in ``cwd`` names a folder other than ``lab``, the one graded."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    typed = (cwd / Path(arg).expanduser()).resolve()
+    if not typed.is_dir() or typed == lab.resolve():
+        return None
+    return (f"note: graded your workspace copy, not {typed} (give that folder's absolute path "
+            "to grade it instead)")
 
 
 def starter_note(lab: Path) -> str | None:
@@ -118,7 +142,10 @@ def list_labs(root: Path | None = None) -> list[Path]:
 
 
 def _pytest_command(lab: Path, reference: bool, raw_json: Path) -> list[str]:
+    # The grading plugin comes from the package and no conftest.py is read: a lab folder grades
+    # the same wherever it was copied, with or without labs/conftest.py beside it.
     cmd = [sys.executable, "-m", "pytest", str(lab), "-q", "-p", "no:cacheprovider",
+           "-p", "inferlab.labkit", "--noconftest",
            "-o", "addopts=", "--grade-json", str(raw_json), "--color=no", "-rN"]
     try:
         import pytest_timeout  # noqa: F401
@@ -145,7 +172,7 @@ def run_lab(lab: str | os.PathLike, reference: bool = False) -> dict:
         if not raw_json.exists():
             tail = (proc.stdout + proc.stderr).strip()[-3000:]
             raise InferlabError(f"the tests of {lab_dir} did not run (pytest exit {proc.returncode}). "
-                                f"Is labs/conftest.py there? pytest said:\n{tail}")
+                                f"pytest said:\n{tail}")
         raw = json.loads(raw_json.read_text())
     tests = []
     for entry in raw["tests"]:
@@ -207,7 +234,10 @@ def gradescope_json(results: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    results = run_lab(resolve_lab(args.lab), reference=args.reference)
+    lab = resolve_lab(args.lab)
+    results = run_lab(lab, reference=args.reference)
+    notes = [n for n in (redirect_note(args.lab, None, lab), results["note"]) if n]
+    results["note"] = "\n".join(notes) or None
     print(format_summary(results, quiet=args.quiet))
     if args.json:
         try:

@@ -15,8 +15,9 @@ inferlab's own function when pytest runs with ``--reference`` (inferlab is the r
 solution). ``check`` compares and, when the values differ, fails with the call, the expected
 value and the value received, instead of a traceback. The hooks at the bottom turn every
 failure into such a short message and, with ``--grade-json PATH``, record each test's points
-for :mod:`inferlab.grade`. ``labs/conftest.py`` imports this module, which makes it a plugin
-for everything under ``labs/``.
+for :mod:`inferlab.grade`. :mod:`inferlab.grade` loads this module as a plugin itself
+(``pytest -p inferlab.labkit``), so a lab folder grades wherever it sits; ``labs/conftest.py``
+imports it too, for a bare ``pytest labs/00_roofline`` in the course.
 """
 from __future__ import annotations
 

@@ -47,6 +47,18 @@ def test_every_notebook_and_readme_gives_a_command_for_its_lab(source):
         assert (REPO / "labs" / Path(cmd.split()[2]).name).is_dir(), f"{source.name}: {cmd} names no lab"
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_cell_names_its_lab_by_its_path_from_the_notebooks_folder(notebook):
+    """One form in every notebook: a cell runs in notebooks/, so ``../labs/NN`` is the lab's own
+    path from there (as the notebook's links are), whatever the grader does with it."""
+    cells = [cmd for folder, cmd in your_turn_commands(notebook_text(notebook)) if folder == "notebooks"]
+    assert cells, f"{notebook.name} gives no cell command"
+    for cmd in cells:
+        typed = Path(cmd.split()[2])
+        assert typed.parts[:2] == ("..", "labs"), f"{notebook.name}: write the cell as `!inferlab grade ../labs/NAME`"
+        assert (notebook.parent / typed / "test_lab.py").is_file(), f"{notebook.name}: {cmd} names no lab"
+
+
 @pytest.fixture()
 def course(tmp_path, monkeypatch):
     """A course checkout (labs/, notebooks/) with its workspace, as `make lab` leaves them."""
@@ -88,6 +100,20 @@ def test_without_a_workspace_the_course_starter_is_graded_and_says_so(tmp_path, 
     assert note and "untouched" in note and "\n" not in note
 
 
+def test_a_workspace_made_by_hand_is_found_from_the_repository_root(tmp_path, monkeypatch):
+    """A ``workspace/labs/NN`` copied by hand (no manifest) is still the student's copy."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "labs", root / "labs", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    shutil.copytree(root / "labs/00_roofline", root / "workspace/labs/00_roofline")
+    monkeypatch.setattr(grade, "REPO_ROOT", root)
+    mine = (root / "workspace/labs/00_roofline").resolve()
+    for cwd in (root, root / "labs", root / "workspace"):
+        assert grade.resolve_lab("labs/00_roofline", cwd) == mine, f"typed in {cwd}"
+    note = grade.redirect_note("labs/00_roofline", root, mine)
+    assert note and str(root / "labs/00_roofline") in note and "\n" not in note
+    assert grade.redirect_note("labs/00_roofline", root / "workspace", mine) is None
+
+
 def _solve_one_function(lab: Path) -> str:
     """Edit the lab's starter as a student would: write its first function, by calling inferlab's."""
     spec = importlib.util.spec_from_file_location(f"_probe_{lab.name}", lab / "test_lab.py")
@@ -127,3 +153,27 @@ def test_your_turn_command_grades_the_edited_workspace_starter(tmp_path, noteboo
     path, after = _grade(cell, space / "notebooks")
     assert path == str(lab / "starter.py"), f"`!{cell}` in a cell graded {path}"
     assert after > 0, f"`!{cell}`: writing {name}() in the workspace copy left the score at 0"
+
+
+def test_the_solved_workspace_copy_is_graded_from_the_repository_root(tmp_path):
+    """As a new user meets it: a solved ``workspace/labs/00_roofline`` and the course's own
+    ``labs/00_roofline`` both exist, and the command is typed in the repository's root."""
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "labs", root / "labs", ignore=shutil.ignore_patterns("__pycache__", "results"))
+    mine = root / "workspace/labs/00_roofline"
+    shutil.copytree(root / "labs/00_roofline", mine)
+    _solve_one_function(mine)
+    path, score = _grade("inferlab grade labs/00_roofline", root)
+    assert path == str(mine.resolve() / "starter.py")
+    assert score > 0
+
+
+def test_a_lab_copied_anywhere_grades_without_labs_conftest(tmp_path):
+    """The grader brings its own pytest plugin: no labs/conftest.py above a student's own folder."""
+    lab = tmp_path / "my_course_work" / "00_roofline"
+    shutil.copytree(REPO / "labs/00_roofline", lab, ignore=shutil.ignore_patterns("__pycache__"))
+    assert not any((folder / "conftest.py").exists() for folder in lab.parents)
+    _solve_one_function(lab)
+    path, score = _grade(f"inferlab grade {lab.name}", lab.parent)
+    assert path == str(lab.resolve() / "starter.py")
+    assert score > 0
