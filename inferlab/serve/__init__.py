@@ -57,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="the waiting queue's order: arrival, or each request's `priority` field (lower first; "
                         "the lowest is preempted first)")
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="most top tokens a request's logprobs / top_logprobs may ask for (default: 20, vLLM's)")
+    p.add_argument("--logprobs-mode", default="raw_logprobs", choices=["raw_logprobs", "processed_logprobs"],
+                   help="log-probs of the model's own distribution (default, vLLM's) or of the one sampled "
+                        "from, after temperature, top-k and top-p")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="split the model over this many processes, gloo on CPU and NCCL on CUDA (default: 1)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -114,6 +119,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser().error(f"--port must be in 0..65535, got {args.port}")
+    if args.max_logprobs < 0:
+        parser().error(f"--max-logprobs must be >= 0, got {args.max_logprobs}")
     limits = limits_from_args(args)
     spec = parse_speculative_config(args.speculative_config)
     try:
@@ -130,6 +137,7 @@ def main(argv: list[str]) -> int:
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,
                    enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
-                   scheduling_policy=args.scheduling_policy, tensor_parallel_size=args.tensor_parallel_size)
+                   scheduling_policy=args.scheduling_policy, tensor_parallel_size=args.tensor_parallel_size,
+                   max_logprobs=args.max_logprobs, logprobs_mode=args.logprobs_mode)
     serve(app, args.host, args.port, args.log_level)
     return 0

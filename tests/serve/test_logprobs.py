@@ -129,3 +129,23 @@ def test_bad_logprob_requests_are_one_line_400s(server, body, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "BadRequestError" and "\n" not in err["message"]
+
+
+def test_serve_flags_reach_the_engine(monkeypatch, capsys):
+    """`inferlab serve --max-logprobs 5 --logprobs-mode processed_logprobs`: the server caps at 5."""
+    from inferlab.cli import main
+    from inferlab.serve import launcher
+
+    apps = []
+    monkeypatch.setattr(launcher, "serve", lambda app, *args: apps.append(app))
+    assert main(["serve", "--model", "draft", "--device", "cpu", "--max-num-seqs", "2", "--max-logprobs", "5",
+                 "--logprobs-mode", "processed_logprobs"]) == 0
+    (app,) = apps
+    config = app.state.engine.engine.config
+    assert (config.max_logprobs, config.logprobs_mode) == (5, "processed_logprobs")
+    with launcher.ServerThread(app) as server:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logprobs": 6})
+        assert r.status_code == 400 and "from 0 to 5" in r.json()["error"]["message"]
+    with pytest.raises(SystemExit):
+        main(["serve", "--max-logprobs", "-1"])
+    assert "--max-logprobs must be >= 0" in capsys.readouterr().err
