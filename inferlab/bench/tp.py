@@ -3,7 +3,7 @@ step makes (count, time, bytes), and each rank's peak memory while loading.
 
 Both engines run in this process (rank 0) on the same prompts, greedy, alternating, best of
 ``--repeats``, one thread per rank (two ranks spinning two thread pools on two cores measure
-the contention, not the parallelism). The all-reduce counters are rank 0's (``inferlab.parallel.comm.STATS``), split by
+the contention, not the parallelism). The all-reduce counters are rank 0's (its runner's ``comm.stats``), split by
 step kind with the engine's step hook, so the decode rows hold decode steps only.
 
 What to expect here: a 2-core CPU and gloo over localhost TCP. One small all-reduce costs about a
@@ -65,16 +65,21 @@ def load_memory(model: str, world: int) -> list[dict]:
 
 def _engine_run(llm, prompts, new_tokens: int) -> dict:
     """One greedy batch; returns decode-only totals: steps, seconds, all-reduces and their bytes."""
-    from inferlab.parallel import comm
+    from inferlab.parallel.comm import CollectiveStats
     from inferlab.sampling import SamplingParams
 
     totals = {"steps": 0, "s": 0.0, "all_reduce": 0, "all_reduce_s": 0.0, "all_reduce_bytes": 0,
               "all_gather": 0, "all_gather_s": 0.0}
-    last = dict(comm.STATS)
+    comm = getattr(llm.llm_engine.runner, "comm", None)  # TP=1 has none: no collectives, zero counts
+
+    def counters() -> dict:
+        return (comm.stats if comm is not None else CollectiveStats()).as_dict()
+
+    last = counters()
 
     def hook(engine, record):
         nonlocal last
-        now = dict(comm.STATS)
+        now = counters()
         if record["scheduled"] and all(r["kind"] == "decode" for r in record["scheduled"]):
             totals["steps"] += 1
             totals["s"] += record["seconds"]

@@ -1,4 +1,4 @@
-"""The collectives tensor parallelism needs, counted and timed (``inferlab bench tp`` reads ``STATS``).
+"""The collectives tensor parallelism needs, counted and timed (``inferlab bench tp`` reads them).
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits every weight matrix across ``world``
 processes. Each rank computes a slice, and two collectives put the slices back together:
@@ -15,6 +15,7 @@ correctness, not speed.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -26,32 +27,55 @@ from inferlab.errors import InferlabError
 class TensorParallelError(InferlabError):
     """What cannot run tensor-parallel, or a rank that failed (the message says what to do)."""
 
-STATS = {"all_reduce": 0, "all_reduce_s": 0.0, "all_reduce_bytes": 0,
-         "all_gather": 0, "all_gather_s": 0.0, "all_gather_bytes": 0}
 
-
-def reset_stats() -> None:
-    for k in STATS:
-        STATS[k] = type(STATS[k])()
-
-
-def all_reduce(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` over the ranks, in place; returns it."""
-    t0 = time.perf_counter()
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """A bare all-reduce over the default group, in place, uncounted (a :class:`Collectives` counts)."""
     dist.all_reduce(t)
-    STATS["all_reduce"] += 1
-    STATS["all_reduce_s"] += time.perf_counter() - t0
-    STATS["all_reduce_bytes"] += t.numel() * t.element_size()
     return t
 
 
-def all_gather(t: torch.Tensor, world: int) -> torch.Tensor:
-    """Concatenate every rank's ``t`` along the last dimension, in rank order."""
-    t0 = time.perf_counter()
-    t = t.contiguous()
-    parts = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(parts, t)
-    STATS["all_gather"] += 1
-    STATS["all_gather_s"] += time.perf_counter() - t0
-    STATS["all_gather_bytes"] += t.numel() * t.element_size() * world
-    return torch.cat(parts, dim=-1)
+@dataclasses.dataclass
+class CollectiveStats:
+    """What one rank's collectives have cost so far: calls, seconds and bytes of each kind."""
+
+    all_reduce: int = 0
+    all_reduce_s: float = 0.0
+    all_reduce_bytes: int = 0
+    all_gather: int = 0
+    all_gather_s: float = 0.0
+    all_gather_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Collectives:
+    """One rank's all-reduce and all-gather over its group of ``world`` ranks, counted in ``stats``.
+
+    Each rank's model holds one (the factory hands it to every layer that talks to the others),
+    and rank 0's executor keeps it, so ``inferlab bench tp`` reads the counters of the engine it
+    runs and of no other."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.stats = CollectiveStats()
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the ranks, in place; returns it."""
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        self.stats.all_reduce += 1
+        self.stats.all_reduce_s += time.perf_counter() - t0
+        self.stats.all_reduce_bytes += t.numel() * t.element_size()
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``t`` along the last dimension, in rank order."""
+        t0 = time.perf_counter()
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(parts, t)
+        self.stats.all_gather += 1
+        self.stats.all_gather_s += time.perf_counter() - t0
+        self.stats.all_gather_bytes += t.numel() * t.element_size() * self.world
+        return torch.cat(parts, dim=-1)

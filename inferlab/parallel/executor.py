@@ -24,12 +24,12 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
 
-from inferlab.parallel.comm import TensorParallelError
-
+from inferlab.parallel.comm import Collectives, TensorParallelError
 
 
 def timeout_s() -> float:
@@ -56,9 +56,20 @@ def _rank_device(device: str, rank: int) -> torch.device:
     return torch.device("cuda", rank) if d.type == "cuda" else d
 
 
-def setup_rank(spec: RankSpec, rank: int):
-    """Join the group, load this rank's shard, agree on the KV block count (all-reduce MIN).
-    Returns ``(model, tokenizer, engine_config, num_kv_heads)``; the same code on every rank."""
+@dataclasses.dataclass
+class RankSetup:
+    """One rank's share of the engine, as :func:`setup_rank` builds it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    engine_config: object  # EngineConfig, with the block count every rank agreed on
+    num_kv_heads: int      # this rank's KV heads
+    comm: Collectives      # the collectives its layers call, with their counters
+
+
+def setup_rank(spec: RankSpec, rank: int) -> RankSetup:
+    """Join the group, load this rank's shard, agree on the KV block count (all-reduce MIN); the
+    same code on every rank."""
     from inferlab.attention import get_backend
     from inferlab.packing import pack_projections
     from inferlab.parallel.loader import load_shard
@@ -69,7 +80,8 @@ def setup_rank(spec: RankSpec, rank: int):
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=spec.init_method, rank=rank, world_size=spec.world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
-    model, tokenizer = load_shard(spec.model, rank, spec.world, device=device, dtype=spec.dtype)
+    comm = Collectives(spec.world)
+    model, tokenizer = load_shard(spec.model, rank, spec.world, device=device, dtype=spec.dtype, comm=comm)
     pack_projections(model)
     model.set_attention_backend(get_backend(spec.attention_backend))
     num_kv_heads = model.model.layers[0].self_attn.n_kv
@@ -77,7 +89,7 @@ def setup_rank(spec: RankSpec, rank: int):
     blocks = torch.tensor([spec.engine_config.resolve(local, model.dtype, device).num_kv_blocks], device=device)
     dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
     config = dataclasses.replace(spec.engine_config, num_kv_blocks=int(blocks.item()))
-    return model, tokenizer, config, num_kv_heads
+    return RankSetup(model, tokenizer, config, num_kv_heads, comm)
 
 
 def worker_main(spec: RankSpec, rank: int, conn) -> None:
@@ -91,9 +103,10 @@ def worker_main(spec: RankSpec, rank: int, conn) -> None:
     code = 0
     try:
         conn.send(("joining", None))
-        model, _, config, kv_heads = setup_rank(spec, rank)
+        mine = setup_rank(spec, rank)
+        model, config = mine.model, mine.engine_config
         cache = PagedKVCache.for_model(model.config, config.num_kv_blocks, config.block_size, model.dtype,
-                                       model.device, num_kv_heads=kv_heads)
+                                       model.device, num_kv_heads=mine.num_kv_heads)
         runner = ModelRunner(model, cache)
         conn.send(("ready", None))
         while True:
@@ -172,7 +185,9 @@ class TensorParallelExecutor:
             self._wait_for("joining")
             try:
                 self.in_group = True  # from here on, shutdown() leaves the group
-                self.model, self.tokenizer, self.engine_config, self.num_kv_heads = setup_rank(self.spec, 0)
+                mine = setup_rank(self.spec, 0)
+                self.model, self.tokenizer, self.engine_config = mine.model, mine.tokenizer, mine.engine_config
+                self.num_kv_heads, self.comm = mine.num_kv_heads, mine.comm
             except RuntimeError as exc:  # a worker failed to load: its own message says why
                 self._wait_for("ready")
                 raise TensorParallelError(f"tensor-parallel setup failed: {exc}") from exc
@@ -231,6 +246,13 @@ class TensorParallelExecutor:
                      "the engine cannot continue: create a new LLM")
         raise TensorParallelError(self.dead) from exc
 
+    def attach(self, engine) -> None:
+        """Run each step of ``engine`` (built over rank 0's shard) on every rank: its runner becomes
+        a :class:`ParallelRunner`. The workers live as long as the engine (a server keeps the
+        engine and drops the LLM)."""
+        engine.runner = ParallelRunner(engine.runner, self)
+        weakref.finalize(engine, self.shutdown)
+
     def shutdown(self) -> None:
         """Stop the workers (politely, then by force) and leave the group. Safe to call twice."""
         for conn in self.conns:
@@ -257,13 +279,33 @@ class TensorParallelExecutor:
 
 
 class ParallelRunner:
-    """Rank 0's model runner: sends each step to the workers, then runs its own ``ModelRunner``."""
+    """Rank 0's model runner: sends each step to the workers, then runs its own ``ModelRunner``.
+
+    It shows what a ``ModelRunner`` shows (its model, KV cache, block size and device: rank 0's)
+    and, beside them, rank 0's collectives with their counters."""
 
     def __init__(self, runner, executor: TensorParallelExecutor):
         self.runner, self.executor = runner, executor
 
-    def __getattr__(self, name):  # kv_cache, block_size, device, prepare...: rank 0's runner's
-        return getattr(self.runner, name)
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    @property
+    def kv_cache(self):
+        return self.runner.kv_cache
+
+    @property
+    def block_size(self) -> int:
+        return self.runner.block_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def comm(self) -> Collectives:
+        return self.executor.comm
 
     def execute(self, *args, **kwargs):
         self.executor.broadcast_step(args, kwargs)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from torch import nn
 
 from inferlab.config import ModelConfig
-from inferlab.parallel.comm import TensorParallelError
+from inferlab.linear import default_linear
+from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
                                      quantized_column, quantized_row)
 
@@ -36,12 +37,16 @@ def _divide(n: int, world: int, what: str) -> int:
 class TensorParallelFactory:
     """``factory(in, out, bias, name)`` -> rank ``rank``'s share of the projection ``name``."""
 
-    def __init__(self, config: ModelConfig, rank: int, world: int, quantized=None):
+    def __init__(self, config: ModelConfig, rank: int, world: int, quantized=None,
+                 comm: Collectives | None = None):
         """``quantized``: the linear factory of a quantized folder (``inferlab.quant.checkpoint``);
-        each rank then builds quantized linears of its local size (``layers.shard_quantized``)."""
+        each rank then builds quantized linears of its local size (``layers.shard_quantized``).
+        ``comm``: this rank's collectives, handed to every layer that talks to the other ranks
+        (a new one when not given)."""
         if not 0 <= rank < world:
             raise TensorParallelError(f"rank {rank} is outside 0..{world - 1}")
         self.config, self.rank, self.world, self.quantized = config, rank, world, quantized
+        self.comm = comm if comm is not None else Collectives(world)
         self.num_heads = _divide(config.num_attention_heads, world, "num_attention_heads")
         kv = config.num_key_value_heads
         if kv >= world:
@@ -57,13 +62,13 @@ class TensorParallelFactory:
         return self.num_heads, self.num_kv_heads
 
     def embedding(self, num_embeddings: int, embedding_dim: int) -> nn.Module:
-        return VocabParallelEmbedding(num_embeddings, embedding_dim, self.rank, self.world)
+        return VocabParallelEmbedding(num_embeddings, embedding_dim, self.rank, self.world, self.comm)
 
     def __call__(self, in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
         kind = name.rpartition(".")[2]
         hd = self.config.head_dim
         if name == "lm_head":
-            return ParallelLMHead(in_features, out_features, self.rank, self.world)
+            return ParallelLMHead(in_features, out_features, self.rank, self.world, self.comm)
         q = self.quantized
         if kind in COLUMN:
             if kind in ("k_proj", "v_proj"):
@@ -84,12 +89,12 @@ class TensorParallelFactory:
                 except ValueError as exc:  # a group size that does not divide a rank's inputs
                     raise TensorParallelError(f"{name}: {in_features} inputs on {self.world} ranks cut a "
                                               f"quantization group ({exc}); use fewer ranks") from None
-                return quantized_row(local, self.rank, self.world, reduce_results=kind != "w2")
-            return RowParallelLinear(in_features, out_features, bias, self.rank, self.world,
+                return quantized_row(local, self.rank, self.world, self.comm, reduce_results=kind != "w2")
+            return RowParallelLinear(in_features, out_features, bias, self.rank, self.world, self.comm,
                                      reduce_results=kind != "w2")
         if kind == "gate":  # the MoE router: small, replicated
             if q is not None:
                 return q(in_features, out_features, bias, name)
-            return nn.Linear(in_features, out_features, bias=bias)
+            return default_linear(in_features, out_features, bias, name)
         raise TensorParallelError(f"no tensor-parallel rule for projection {name!r}: add it to "
                                   "inferlab.parallel.factory (COLUMN or ROW)")

@@ -1,20 +1,24 @@
 """``LLM(..., tensor_parallel_size=N)``: start the ranks, then run the usual engine on rank 0.
 
+``launch_parallel`` checks the request and starts the ranks; the executor it returns holds rank
+0's shard (``.model``, ``.tokenizer``), the engine config every rank agreed on
+(``.engine_config``) and rank 0's collectives (``.comm``). The engine built over that shard is
+then handed to ``executor.attach``, which sends each of its steps to the other ranks too.
+
 ``llm.model`` is then rank 0's shard: its forward takes part in collectives, so run it through
-the engine (``generate``, ``llm_engine.runner``), which sends every step to the other ranks too.
+the engine (``generate``, ``llm_engine.runner``).
 """
 from __future__ import annotations
 
-import weakref
-
 from inferlab.device import default_device, parse_dtype
-from inferlab.parallel.executor import ParallelRunner, TensorParallelExecutor
 from inferlab.parallel.comm import TensorParallelError
+from inferlab.parallel.executor import TensorParallelExecutor
 from inferlab.parallel.factory import TensorParallelFactory
 
 
-def start_parallel(llm, model: str, world: int, device, dtype, attention_backend: str, config,
-                   quantization, speculative_config) -> None:
+def launch_parallel(model: str, world: int, device, dtype, attention_backend: str, config,
+                    quantization, speculative_config) -> TensorParallelExecutor:
+    """Refuse what cannot run on ``world`` ranks (before any process starts), then start them."""
     if not isinstance(world, int) or world < 1:
         raise TensorParallelError(f"tensor_parallel_size must be an integer >= 1, got {world!r}")
     if quantization is not None:
@@ -32,12 +36,18 @@ def start_parallel(llm, model: str, world: int, device, dtype, attention_backend
         if torch.cuda.device_count() < world:
             raise TensorParallelError(f"tensor_parallel_size={world} needs {world} CUDA devices, "
                                       f"found {torch.cuda.device_count()}")
-    tp = TensorParallelExecutor(str(folder), world, device, parse_dtype(dtype, device), attention_backend, config)
+    return TensorParallelExecutor(str(folder), world, device, parse_dtype(dtype, device), attention_backend, config)
+
+
+def start_parallel(llm, model: str, world: int, device, dtype, attention_backend: str, config,
+                   quantization, speculative_config) -> None:
+    """Make ``llm`` a tensor-parallel LLM: launch the ranks, start its engine on rank 0's shard and
+    attach the engine to the ranks."""
+    from inferlab.attention import get_backend
+
+    tp = launch_parallel(model, world, device, dtype, attention_backend, config, quantization, speculative_config)
     llm._tp = tp
     llm.model, llm.tokenizer = tp.model, tp.tokenizer
-    from inferlab.attention import get_backend
     llm._start(get_backend(attention_backend), tp.engine_config, str(model))
-    llm.llm_engine.runner = ParallelRunner(llm.llm_engine.runner, tp)
-    # the workers live as long as the engine (a server keeps the engine and drops the LLM)
-    weakref.finalize(llm.llm_engine, tp.shutdown)
+    tp.attach(llm.llm_engine)
     llm.tensor_parallel_size = world

@@ -14,15 +14,20 @@ So attention and MLP each cost one all-reduce, whatever the model size. The embe
 vocabulary: each rank looks up the ids it owns (zeros elsewhere) and an all-reduce sums them; the
 lm_head splits it the same way, so tied weights stay one tensor per rank, and an all-gather joins
 the logits. Each module knows how to cut its own slice out of a full checkpoint tensor
-(``shard``), so the loader can read only that slice from disk.
+(``shard``), so the loader can read only that slice from disk. A module that talks to the other
+ranks is given its rank's :class:`~inferlab.parallel.comm.Collectives`, which counts every call.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.parallel import comm
+from inferlab.parallel.comm import Collectives, TensorParallelError, sum_over_ranks
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 # ---------------------------------------------------------------- the three forwards, as functions
@@ -36,21 +41,22 @@ def column_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
 
 
 def row_parallel_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                         all_reduce=None) -> torch.Tensor:
+                         all_reduce: AllReduce = sum_over_ranks) -> torch.Tensor:
     """``x`` is this rank's slice of the input features, ``weight`` the matching columns of W: each
     rank computes a partial sum of the whole y; ``all_reduce`` adds the ranks' partial sums. The bias
     is added once, after the sum (added before, it would count N times)."""
-    y = (all_reduce or comm.all_reduce)(F.linear(x, weight))
+    y = all_reduce(F.linear(x, weight))
     return y + bias if bias is not None else y
 
 
-def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, start: int, all_reduce=None) -> torch.Tensor:
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, start: int,
+                             all_reduce: AllReduce = sum_over_ranks) -> torch.Tensor:
     """``weight`` holds rows ``[start, start + len(weight))`` of the embedding table. Each rank embeds
     the ids it owns and writes zeros for the others (an id outside the shard must not index it);
     ``all_reduce`` sums the ranks, so each position receives exactly its one owner's row."""
     mine = (ids >= start) & (ids < start + weight.shape[0])
     x = F.embedding(torch.where(mine, ids - start, 0), weight) * mine[..., None].to(weight.dtype)
-    return (all_reduce or comm.all_reduce)(x)
+    return all_reduce(x)
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -81,10 +87,10 @@ class RowParallelLinear(nn.Linear):
     reduces once after adding its experts, not once per expert)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, rank: int, tp_size: int,
-                 reduce_results: bool = True):
+                 comm: Collectives, reduce_results: bool = True):
         local = in_features // tp_size
         super().__init__(local, out_features, bias=bias)
-        self.tp_size, self.reduce_results = tp_size, reduce_results
+        self.tp_size, self.reduce_results, self.comm = tp_size, reduce_results, comm
         self._cols, self._full_in = (rank * local, (rank + 1) * local), in_features
 
     def full_shape(self, name: str) -> tuple[int, ...]:
@@ -95,7 +101,7 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reduce_results and self.tp_size > 1:
-            return row_parallel_forward(x, self.weight, self.bias)
+            return row_parallel_forward(x, self.weight, self.bias, self.comm.all_reduce)
         y = F.linear(x, self.weight)
         return y + self.bias if self.bias is not None else y
 
@@ -104,9 +110,10 @@ class VocabParallelEmbedding(nn.Module):
     """Rows ``[rank*per, (rank+1)*per)`` of the [vocab, dim] table, ``per = ceil(vocab / N)`` (the
     last rank's padding rows are zeros). Each rank embeds the ids it owns; an all-reduce adds them."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, rank: int, tp_size: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, rank: int, tp_size: int, comm: Collectives):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.tp_size = num_embeddings, embedding_dim, tp_size
+        self.comm = comm
         self.per_rank = -(-num_embeddings // tp_size)
         self.start = rank * self.per_rank
         self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim))
@@ -123,22 +130,22 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.embedding(ids, self.weight)
-        return vocab_parallel_embedding(ids, self.weight, self.start)
+        return vocab_parallel_embedding(ids, self.weight, self.start, self.comm.all_reduce)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection over this rank's vocabulary rows (the same rows as the embedding, so
     tying shares one tensor); an all-gather joins the ranks' logits and drops the padding."""
 
-    def __init__(self, in_features: int, out_features: int, rank: int, tp_size: int):
-        super().__init__(out_features, in_features, rank, tp_size)
+    def __init__(self, in_features: int, out_features: int, rank: int, tp_size: int, comm: Collectives):
+        super().__init__(out_features, in_features, rank, tp_size, comm)
         self.in_features, self.out_features = in_features, out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.weight)
         if self.tp_size == 1:
             return logits[..., :self.num_embeddings]
-        return comm.all_gather(logits, self.tp_size)[..., :self.num_embeddings]
+        return self.comm.all_gather(logits)[..., :self.num_embeddings]
 
 
 # ---------------------------------------------------------------- quantized linears
@@ -152,10 +159,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 def _check_shardable(module: nn.Module) -> None:
     method = getattr(module, "method", type(module).__name__)
     if method not in ("int8", "int4"):
-        raise comm.TensorParallelError(f"{method} linears do not shard (their blocks run over the flattened "
+        raise TensorParallelError(f"{method} linears do not shard (their blocks run over the flattened "
                                        "weight): use int8 or int4, or tensor_parallel_size=1")
     if getattr(module, "perm", None) is not None:
-        raise comm.TensorParallelError("act-order INT4 (GPTQ desc_act) permutes each row's inputs: it does not "
+        raise TensorParallelError("act-order INT4 (GPTQ desc_act) permutes each row's inputs: it does not "
                                        "shard by columns; quantize without act order, or use tensor_parallel_size=1")
 
 
@@ -165,11 +172,12 @@ def quantized_column(module: nn.Module, rows: tuple[int, int], full_out: int) ->
     return module
 
 
-def quantized_row(module: nn.Module, rank: int, tp_size: int, reduce_results: bool = True) -> nn.Module:
+def quantized_row(module: nn.Module, rank: int, tp_size: int, comm: Collectives,
+                  reduce_results: bool = True) -> nn.Module:
     _check_shardable(module)
     group = getattr(module, "group_size", None)
     if group is not None and module.in_features % group:
-        raise comm.TensorParallelError(f"a group of {group} inputs would be cut across ranks ({module.in_features} "
+        raise TensorParallelError(f"a group of {group} inputs would be cut across ranks ({module.in_features} "
                                        f"inputs each): use a group size that divides {module.in_features}, "
                                        "or fewer ranks")
     module._tp = ("row", rank, tp_size)

@@ -17,23 +17,26 @@ from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
 from inferlab.loader import _quantization_config, _weight_files, assemble, load_config, resolve_model_path
 from inferlab.model import CausalLM
-from inferlab.parallel import comm
-from inferlab.parallel.comm import TensorParallelError
+from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.factory import TensorParallelFactory
 from inferlab.parallel.layers import quantized_full_shape, shard_quantized
 
 
-def build_shard(config, rank: int, world: int, quantized=None) -> CausalLM:
-    """Rank ``rank``'s share of the model (on the current default device; meta to load into)."""
-    model = CausalLM(config, TensorParallelFactory(config, rank, world, quantized))
+def build_shard(config, rank: int, world: int, quantized=None, comm: Collectives | None = None) -> CausalLM:
+    """Rank ``rank``'s share of the model (on the current default device; meta to load into), its
+    layers talking to the other ranks through ``comm`` (a new :class:`Collectives` when not given)."""
+    factory = TensorParallelFactory(config, rank, world, quantized, comm)
+    model = CausalLM(config, factory)
     if world > 1:  # a MoE block adds its experts' partial sums, then reduces once
         for block in moe.moe_blocks(model):
-            block.register_forward_hook(lambda module, args, out: comm.all_reduce(out))
+            block.register_forward_hook(lambda module, args, out: factory.comm.all_reduce(out))
     return model
 
 
-def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None, dtype=None):
-    """Return ``(model, tokenizer)`` for rank ``rank`` of ``world``, reading only its slices."""
+def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None, dtype=None,
+               comm: Collectives | None = None):
+    """Return ``(model, tokenizer)`` for rank ``rank`` of ``world``, reading only its slices; its
+    collectives are ``comm`` (pass one to read its counters) or a new one."""
     folder = resolve_model_path(path_or_id)
     config = load_config(folder)
     qcfg = _quantization_config(folder)
@@ -48,7 +51,7 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
     with torch.device("meta"):
-        model = build_shard(config, rank, world, quantized)
+        model = build_shard(config, rank, world, quantized, comm)
     state = model.checkpoint_state_dict()
     params = {k for k, _ in model.named_parameters()}
     modules = dict(model.named_modules())

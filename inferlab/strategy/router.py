@@ -29,30 +29,32 @@ def route(score: float, threshold: float) -> str:
     return "small" if score <= threshold else "large"
 
 
-def code_requests(tokenizer, n: int, prompt_len: int = 48, continuation_len: int = 32, split: str = "test",
+class CodeCorpus:
+    """One split of the stdlib corpus as token lists, tokenized once, when made: make one and pass
+    it to :func:`code_requests` as often as needed (a tokenizer passed there is tokenized anew)."""
+
+    def __init__(self, tokenizer, split: str = "test"):
+        from inferlab import corpus
+
+        self.split = split
+        self.streams: list[list[int]] = [tokenizer.encode(f.text) for f in corpus.load_corpus(split)]
+
+
+def code_requests(source, n: int, prompt_len: int = 48, continuation_len: int = 32, split: str = "test",
                   seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """``n`` (prompt, true continuation) token pairs cut at seeded places from the stdlib corpus's ``split``."""
+    """``n`` (prompt, true continuation) token pairs cut at seeded places from the stdlib corpus's
+    ``split``. ``source``: a :class:`CodeCorpus` of that split, or a tokenizer to make one with."""
+    corpus = source if isinstance(source, CodeCorpus) else CodeCorpus(source, split)
+    if corpus.split != split:
+        raise ValueError(f"this CodeCorpus holds the {corpus.split!r} split, not {split!r}")
     rng = np.random.default_rng(seed)
-    streams = [s for s in _streams(tokenizer, split) if len(s) > prompt_len + continuation_len]
+    streams = [s for s in corpus.streams if len(s) > prompt_len + continuation_len]
     out = []
     for i in range(n):
         s = streams[int(rng.integers(len(streams)))]
         start = int(rng.integers(len(s) - prompt_len - continuation_len))
         out.append((s[start:start + prompt_len], s[start + prompt_len:start + prompt_len + continuation_len]))
     return out
-
-
-_STREAMS: dict = {}
-
-
-def _streams(tokenizer, split: str) -> list[list[int]]:
-    """The split's files as token lists, tokenized once per tokenizer."""
-    from inferlab import corpus
-
-    key = (id(tokenizer), split)
-    if key not in _STREAMS:
-        _STREAMS[key] = [tokenizer.encode(f.text) for f in corpus.load_corpus(split)]
-    return _STREAMS[key]
 
 
 @torch.inference_mode()

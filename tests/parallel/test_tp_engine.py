@@ -52,3 +52,28 @@ def test_greedy_generate_matches_tp1(pair):
     ref = LLM(name, device="cpu", dtype="float32", num_kv_blocks=8, max_num_seqs=4).generate(prompts, params)
     got = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
+
+
+@pytest.mark.parametrize("pair", ["target"], indirect=True)
+def test_rank0_counts_its_own_collectives(pair):
+    """The counters belong to the engine's runner: one decode step of an L-layer model is 2L + 1
+    all-reduces and one all-gather, and a fresh shard's counters start at zero."""
+    from inferlab.parallel.comm import CollectiveStats
+    from inferlab.parallel.loader import build_shard
+
+    name, llm, full = pair
+    runner = llm.llm_engine.runner
+    before = runner.comm.stats.as_dict()
+    runner.execute([SeqInput([5, 6, 7], 0, [2])])
+    runner.execute([SeqInput([8], 3, [2])])  # one decode step, counted alone below
+    mid = runner.comm.stats.as_dict()
+    runner.execute([SeqInput([9], 4, [2])])
+    after = runner.comm.stats.as_dict()
+    assert after["all_reduce"] - mid["all_reduce"] == 2 * full.config.num_hidden_layers + 1
+    assert after["all_gather"] - mid["all_gather"] == 1 and mid["all_reduce"] > before["all_reduce"]
+    with torch.device("meta"):
+        other = build_shard(full.config, 0, 2)
+    assert other.model.embed_tokens.comm.stats == CollectiveStats()  # no counter shared between engines
+    assert runner.model is llm.model and runner.block_size == llm.llm_engine.kv_cache.block_size
+    with pytest.raises(AttributeError):
+        runner.prepare  # noqa: B018 - the runner shows what a ModelRunner shows, nothing forwarded blindly

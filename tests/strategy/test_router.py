@@ -18,28 +18,34 @@ def pair():
 
 
 @pytest.fixture(scope="module")
-def table(pair):
-    small, large, tok = pair
-    return R.score_requests(small, large, R.code_requests(tok, 12, prompt_len=24, continuation_len=16))
+def code(pair):
+    return R.CodeCorpus(pair[2])
+
+
+@pytest.fixture(scope="module")
+def table(pair, code):
+    small, large, _ = pair
+    return R.score_requests(small, large, R.code_requests(code, 12, prompt_len=24, continuation_len=16))
 
 
 def test_route_sends_easy_prompts_small():
     assert R.route(2.0, 3.0) == "small" and R.route(3.0, 3.0) == "small" and R.route(3.5, 3.0) == "large"
 
 
-def test_requests_are_seeded_and_cut_from_the_split(pair):
-    tok = pair[2]
-    a = R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=3)
-    assert a == R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=3)
-    assert a != R.code_requests(tok, 4, prompt_len=10, continuation_len=5, seed=4)
+def test_requests_are_seeded_and_cut_from_the_split(pair, code):
+    a = R.code_requests(code, 4, prompt_len=10, continuation_len=5, seed=3)
+    assert a == R.code_requests(code, 4, prompt_len=10, continuation_len=5, seed=3)
+    assert a == R.code_requests(pair[2], 4, prompt_len=10, continuation_len=5, seed=3)  # a tokenizer: the same cut
+    assert a != R.code_requests(code, 4, prompt_len=10, continuation_len=5, seed=4)
     assert all(len(p) == 10 and len(c) == 5 for p, c in a)
+    with pytest.raises(ValueError, match="split"):
+        R.code_requests(code, 4, split="train")
 
 
-def test_scores_match_transformers(pair, table):
+def test_scores_match_transformers(pair, code, table):
     """The continuation NLL and the prompt NLL, recomputed by transformers' Llama from the same folders."""
     transformers = pytest.importorskip("transformers")
-    small, large, tok = pair
-    reqs = R.code_requests(tok, 12, prompt_len=24, continuation_len=16)
+    reqs = R.code_requests(code, 12, prompt_len=24, continuation_len=16)
     x = torch.tensor([p + c for p, c in reqs])
     for name, key in (("target", "large"), ("draft", "small")):
         hf = transformers.LlamaForCausalLM.from_pretrained(ASSETS / name, torch_dtype=torch.float32).eval()
