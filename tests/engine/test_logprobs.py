@@ -21,6 +21,7 @@ HEAD = "import os\n\n\nclass Path:\n    def __init__(self, path):\n        self.
 PROMPTS = ["def fib(n):\n", HEAD + "    def", "for i in range(10):\n    print(i", HEAD + "    def __repr__(self"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 DRAFT = {"model": "draft", "num_speculative_tokens": 3}
+MEDUSA = {"method": "medusa", "num_speculative_tokens": 3, "model": str(ASSETS / "target_medusa")}
 # chunked prefill (a 24-token budget splits the long prompts), shared heads, a pool too small for all
 EVERY_KNOB = dict(block_size=8, num_kv_blocks=16, max_num_batched_tokens=24, max_num_seqs=6,
                   enable_chunked_prefill=True, enable_prefix_caching=True)
@@ -93,10 +94,11 @@ def test_logprobs_and_prompt_logprobs_match_transformers(target, hf):
     assert worst <= TOL
 
 
-@pytest.mark.parametrize("spec", [None, NGRAM, DRAFT], ids=["plain", "ngram", "draft"])
+@pytest.mark.parametrize("spec", [None, NGRAM, DRAFT, MEDUSA], ids=["plain", "ngram", "draft", "medusa"])
 def test_every_knob_and_speculation(target, hf, spec):
     """Chunked prefill, prefix caching, preemption and n = 2 sampled at temperature 0.8, with and
-    without speculation: each token's log-prob is the target's, at its position, within 1e-4."""
+    without speculation: each token's log-prob is the target's, at its position, within 1e-4
+    (Medusa reads the hidden states of the same rows: the prompt rows come after them)."""
     params = [SamplingParams(temperature=0.8, seed=i, max_tokens=24, ignore_eos=True, logprobs=2,
                              prompt_logprobs=1, n=2 if i % 2 else 1) for i in range(len(PROMPTS))]
     outs, engine = run(target, PROMPTS, params, speculative_config=spec, **EVERY_KNOB)
