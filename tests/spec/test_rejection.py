@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inferlab.sampling import make_generator
-from inferlab.spec import expected_tokens_per_step, predicted_speedup, recovered_probs, rejection_sample
+from inferlab.spec import expected_tokens_per_step, predicted_speedup, rejection, rejection_sample
 
 V = 4
 
@@ -22,38 +22,76 @@ def toy_tables(seed: int):
     return p.double(), q.double()
 
 
+def exact_outcomes(guesses: list[int], target: torch.Tensor, draft: torch.Tensor | None, monkeypatch):
+    """Every outcome of ``rejection_sample`` on one sequence, read from the function itself:
+    [(probability, accepted guesses, distribution of the last token)].
+
+    The acceptance draws are the only randomness before the last token: the probability that
+    guess j passes is the length of the interval of u_j the function accepts (found by bisection,
+    the earlier guesses passing at u = 0), and the last token's distribution is the row the
+    function hands to the sampler (normalised as the sampler normalises it)."""
+    rows = []
+    monkeypatch.setattr(rejection, "draw", lambda probs, gens: (rows.append(probs.double()),
+                                                                 torch.zeros(len(probs), dtype=torch.long))[1])
+
+    def run(u_j: float, j: int) -> tuple[int, torch.Tensor]:
+        u = torch.zeros(1, max(len(guesses), 1), dtype=target.dtype)
+        if j < len(guesses):
+            u[0, j] = u_j
+        rows.clear()
+        n = len(rejection_sample([guesses], target, draft, uniforms=u)[0]) - 1
+        return n, rows[0][0] / rows[0][0].sum()
+
+    outcomes, reach = [], 1.0
+    for j in range(len(guesses)):
+        lo, hi = 0.0, 1.0
+        if run(1 - 1e-15, j)[0] > j:
+            lo = hi
+        else:
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if run(mid, j)[0] > j else (lo, mid)
+        if lo < 1:
+            n, dist = run((1 + lo) / 2, j)
+            assert n == j
+            outcomes.append((reach * (1 - lo), guesses[:j], dist))
+        reach *= lo
+        if reach == 0:
+            return outcomes
+    n, dist = run(0.0, len(guesses))
+    assert n == len(guesses)
+    return outcomes + [(reach, list(guesses), dist)]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_exact_enumeration_of_one_step(seed, deterministic):
-    """Enumerate every guess sequence of a k=2 step and every accept/reject outcome, with the
-    acceptance rule min(1, p/q) and the residual; the probability that the step's first two
-    emitted tokens (continuing with the target when the step emits one) are (a, b) must be
-    p(a | c) p(b | a)."""
+def test_exact_enumeration_of_one_step(seed, deterministic, monkeypatch):
+    """Enumerate every guess pair of a k=2 step and every outcome ``rejection_sample`` gives it;
+    the probability that the step's first three tokens (continuing with the target when the step
+    emits fewer) are (a, b, c) must be p(a | 0) p(b | a) p(c | b): the residual and the bonus
+    token both count."""
     p, q = toy_tables(seed)
-    c = 0
-    # A deterministic proposer always guesses the same two tokens (q one-hot).
-    fixed = (2, 1)
-    joint = torch.zeros(V, V, dtype=torch.float64)
+    eye = torch.eye(V, dtype=torch.float64)
+    joint = torch.zeros(V, V, V, dtype=torch.float64)
     for x1, x2 in itertools.product(range(V), repeat=2):
-        if deterministic:
-            if (x1, x2) != fixed:
+        if deterministic:  # a proposer with no distribution always guesses (2, 1)
+            if (x1, x2) != (2, 1):
                 continue
-            prob_guess, q1, q2 = 1.0, torch.eye(V, dtype=torch.float64)[x1], torch.eye(V, dtype=torch.float64)[x2]
+            prob_guess, draft = 1.0, None
         else:
-            prob_guess, q1, q2 = (q[c, x1] * q[x1, x2]).item(), q[c], q[x1]
-        p1, p2 = p[c], p[x1]
-        a1 = min(1.0, (p1[x1] / q1[x1]).item())
-        a2 = min(1.0, (p2[x2] / q2[x2]).item())
-        # rejected at 1: first token from the residual, second from the target afterwards
-        r1 = recovered_probs(p1[None], q1[None])[0]
-        joint += prob_guess * (1 - a1) * r1[:, None] * p
-        # accepted 1, rejected 2: (x1, residual)
-        r2 = recovered_probs(p2[None], q2[None])[0]
-        joint[x1] += prob_guess * a1 * (1 - a2) * r2
-        # both accepted: (x1, x2) then a bonus token
-        joint[x1, x2] += prob_guess * a1 * a2
-    expected = p[c][:, None] * p
-    assert torch.allclose(joint, expected, atol=1e-12)
+            prob_guess, draft = (q[0, x1] * q[x1, x2]).item(), torch.stack([q[0], q[x1]])
+        target = torch.stack([p[0], p[x1], p[x2]])
+        for prob, kept, dist in exact_outcomes([x1, x2], target, draft, monkeypatch):
+            first = [eye[t] for t in kept] + [dist]
+            a = first[0]
+            b = first[1] if len(first) > 1 else None
+            c = first[2] if len(first) > 2 else None
+            # a token the step did not emit comes from the target, given the one before it
+            b_given_a = b[None, :].expand(V, V) if b is not None else p
+            abc = a[:, None, None] * b_given_a[:, :, None] * (c[None, None, :] if c is not None else p[None, :, :])
+            joint += prob_guess * prob * abc
+    expected = p[0][:, None, None] * p[:, :, None] * p[None, :, :]
+    assert torch.allclose(joint, expected, atol=1e-9), (joint - expected).abs().max()
 
 
 def chi2_critical(dof: int, z: float = 3.29) -> float:
@@ -144,9 +182,21 @@ def test_wrong_row_counts_are_refused():
         rejection_sample([[1, 2]], torch.full((2, 4), 0.25))
 
 
-def test_speedup_formula():
-    # Leviathan et al. 2023, fig. 3 reads e.g. alpha 0.8, k 4, c 0.05 -> about 3.1x
-    assert predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
+@pytest.mark.parametrize("alpha, k, c, v", [(0.8, 4, 0.05, 1.0), (0.5, 3, 0.2, 1.3), (0.95, 6, 0.1, 1.0)])
+def test_speedup_formula_matches_simulated_steps(alpha, k, c, v):
+    """Leviathan's speedup, against steps of the verifier itself: every guess passes with
+    probability alpha (a proposer with no distribution, p = alpha at its guess), a step costs k
+    draft forwards of c and one verify forward of v, and plain decoding one forward per token."""
+    n = 6000
+    guess_row = torch.tensor([alpha, 1 - alpha])
+    target = torch.cat([guess_row.expand(k, 2), torch.tensor([[0.5, 0.5]])]).repeat(n, 1)
+    torch.manual_seed(0)
+    tokens = sum(len(emitted) for emitted in rejection_sample([[0] * k] * n, target))
+    assert expected_tokens_per_step(alpha, k) == pytest.approx(tokens / n, rel=0.02)
+    assert predicted_speedup(alpha, k, c, v) == pytest.approx(tokens / (n * (k * c + v)), rel=0.02)
+
+
+def test_speedup_formula_edges():
     assert expected_tokens_per_step(1.0, 3) == 4
     assert expected_tokens_per_step(0.0, 3) == 1
     assert predicted_speedup(0.0, 2, 0.5) == pytest.approx(0.5)  # all rejected: pure cost

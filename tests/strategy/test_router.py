@@ -67,9 +67,20 @@ def test_sweep_accounting(table):
     assert every["small_share"] == 1 and every["cost"] == pytest.approx((1 + 0.2) / 4)
     assert every["ppl"] == pytest.approx(math.exp(table["small_nll"].mean()), rel=1e-6)
     assert every["agreement"] == pytest.approx(table["agreement"].mean())
-    small = s <= np.median(s)
-    assert half["small_share"] == pytest.approx(small.mean())
-    assert half["ppl"] == pytest.approx(math.exp(np.where(small, table["small_nll"], table["large_nll"]).mean()))
     assert none["cost"] > half["cost"] > every["cost"]
     assert R.best_saving(rows, 0.99) is none and R.best_saving(rows, 0.0) is every
     assert R.best_saving(rows, 2.0) is None
+
+
+def test_sweep_prices_a_mix_worked_by_hand():
+    """Four requests whose numbers are chosen so the mix can be worked out on paper. At threshold
+    2.0 the two easiest go small: a score equal to the threshold is easy (the router's <=)."""
+    table = {"score": np.array([1.0, 2.0, 3.0, 4.0]),
+             "small_nll": np.array([1.0, 2.0, 9.0, 9.0]), "large_nll": np.array([5.0, 5.0, 0.5, 1.5]),
+             "agreement": np.array([0.5, 0.25, 0.0, 0.0])}
+    (row,) = R.sweep(table, [2.0], cost_small=1.0, cost_large=4.0, scoring_cost=0.5)
+    assert row["small_share"] == 0.5
+    assert row["cost"] == pytest.approx((2 * 1 + 2 * 4 + 4 * 0.5) / (4 * 4))   # 12 / 16
+    assert row["ppl"] == pytest.approx(math.exp(1.25))                       # mean of 1, 2, 0.5, 1.5
+    assert row["quality"] == pytest.approx(math.exp(3.0) / math.exp(1.25))   # large alone: mean nll 3
+    assert row["agreement"] == pytest.approx((0.5 + 0.25 + 1 + 1) / 4)       # the large model agrees with itself
