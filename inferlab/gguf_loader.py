@@ -40,6 +40,7 @@ from torch import nn
 from inferlab.config import ModelConfig
 from inferlab.errors import CheckpointError, InferlabError
 from inferlab.folders import atomic_folder, cache_dir
+from inferlab.linear import default_linear
 from inferlab.tokenizer import Tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # general.architecture -> the HF class it matches
@@ -292,7 +293,7 @@ def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
         if name in packed:
             return GGMLLinear(in_features, out_features, bias, packed[name])
-        return nn.Linear(in_features, out_features, bias=bias)
+        return default_linear(in_features, out_features, bias, name)
 
     with torch.device("meta"):
         model = CausalLM(config, build)

@@ -9,15 +9,32 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 class LinearFactory(Protocol):
     def __call__(self, in_features: int, out_features: int, bias: bool, name: str) -> nn.Module: ...
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) whose decode-sized products on the CPU, a
+    few rows, run :mod:`inferlab.quant.f32`'s loop, which reads the weight once for all the rows;
+    a prompt's many rows, a GPU and training run ``F.linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _f32().linear(x, self.weight, self.bias) if x.device.type == "cpu" else None
+        return F.linear(x, self.weight, self.bias) if y is None else y
+
+
+def _f32():
+    from inferlab.quant import f32  # not at import time: inferlab.quant imports this module
+    return f32
+
+
 def default_linear(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
-    return nn.Linear(in_features, out_features, bias=bias)
+    return Linear(in_features, out_features, bias=bias)
 
 
 def replace_linears(

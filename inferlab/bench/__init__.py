@@ -8,6 +8,7 @@ from __future__ import annotations
 BENCHES = {
     "decode": ("inferlab.bench.decode", "single-stream greedy decode: inferlab vs transformers"),
     "quant": ("inferlab.bench.quant", "every quantization method: bytes, perplexity, decode speed"),
+    "rows": ("inferlab.bench.rows", "what more rows cost: every layer projection at 1, 2, 5, 9, 17 rows, per format"),
     "kv": ("inferlab.bench.kv", "KV-cache memory wasted: contiguous vs paged, prefix sharing"),
     "serve": ("inferlab.bench.serve", "continuous vs static batching on one workload; --url: any OpenAI server"),
     "spec": ("inferlab.bench.spec", "speculative decoding at batch 1: measured vs predicted speedup (n-gram, draft)"),

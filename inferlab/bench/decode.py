@@ -45,6 +45,13 @@ GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
     ("random-80m", "int8, compiled step >= 2x fp32, compiled step", ("int8", "compiled", "fp32", "compiled"), 2.0),
     ("random-80m", "int4, compiled step >= 3x fp32, compiled step", ("int4", "compiled", "fp32", "compiled"), 3.0),
+    # the real model (--model smollm2): memory-bound, deep and narrow (30 layers of 576)
+    ("smollm2", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
+    ("smollm2", "fp32, compiled step >= 0.8x llama.cpp F32", ("fp32", "compiled", "fp32", "llama.cpp"), 0.8),
+    ("smollm2", "as stored (Q4_1) >= 0.8x llama.cpp on the same file", ("stored", "engine", "stored", "llama.cpp"), 0.8),
+    ("smollm2", "q8_0 >= 0.8x llama.cpp Q8_0", ("q8_0", "engine", "q8_0", "llama.cpp"), 0.8),
+    ("smollm2", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
+    ("smollm2", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
     ("target", "fp32 >= 0.5x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.5),
     ("target", "fp32, compiled step >= 0.5x llama.cpp F32", ("fp32", "compiled", "fp32", "llama.cpp"), 0.5),
     ("target", "engine >= 1.0x contiguous", ("fp32", "engine", "fp32", "contiguous"), 1.0),

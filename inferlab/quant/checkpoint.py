@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inferlab.errors import CheckpointError
+from inferlab.linear import default_linear
 from inferlab.quant import hub
 from inferlab.quant.base import QuantLinear
 from inferlab.quant.ggml import GGMLLinear
@@ -72,7 +73,7 @@ def linear_factory(qcfg: dict):
     (``lm_head`` stays a float linear unless ``modules`` names it)."""
     def build(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:
         if name == "lm_head" and name not in qcfg.get("modules", {}):
-            return nn.Linear(in_features, out_features, bias=bias)
+            return default_linear(in_features, out_features, bias, name)
         method, bits, group = tensor_config(qcfg, name)
         group = in_features if group in (-1, None) else group
         if method == "int8":

@@ -22,6 +22,7 @@ import torch
 from inferlab.errors import InferlabError
 from inferlab.gguf_loader import LAYER_NAMES, pre_tokenizer_name
 from inferlab.quant.checkpoint import atomic_folder
+from inferlab.quant.base import QuantLinear
 from inferlab.quant.ggml import GGMLLinear
 
 NAMES = {hf: name for name, hf in LAYER_NAMES.items()}  # HF module -> llama.cpp's tensor name
@@ -121,7 +122,7 @@ def write_gguf(model, tokenizer, out: str | os.PathLike, method: str, overwrite:
                     writer.add_tensor(f"blk.{i}.{name}.weight", f32(mod.weight))
                     continue
                 if method == "f32":
-                    if type(mod) is not torch.nn.Linear:
+                    if isinstance(mod, QuantLinear):
                         raise InferlabError(f"layer {i} {hf} is {type(mod).__name__}: f32 export takes an "
                                             "unquantized model (load it without --method)")
                     rows = mod.weight.detach().float()

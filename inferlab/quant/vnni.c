@@ -29,6 +29,18 @@ int inferlab_vnni_supported(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
+/* Rows in chunks of up to 4: each weight block is loaded (and unpacked) once per chunk, then meets
+   every row of the chunk, whose sums build in separate accumulators. Loading a block once per row,
+   as a loop over rows outside the blocks does, repeats the unpacking and chains every block of a
+   row through one accumulator, so a second row cost nearly as much as the first. ROW_CHUNKS calls
+   CALL(rows) with a constant, so each chunk's inner loop unrolls. */
+#define ROW_CHUNKS(M, CALL) do { \
+        int m0 = 0; \
+        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
+        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
+    } while (0)
+#define INLINE static inline __attribute__((always_inline))
+
 /* One int8 scale for n floats: x ~ scale * q, q = round(x / scale) in -127..127 (0 for zeros). */
 static float quantize_row(const float *x, int n, int8_t *q) {
     float amax = 0.f;
@@ -77,6 +89,22 @@ static int quantize_blocks(const float *x, int M, int K, int shift, uint8_t **co
    is the float product to about 1e-5 of each block's largest activation, where int8 activations
    move greedy tokens), and vpdpwssd multiplies 32 int16 pairs per instruction, the weights widened
    from int8 in a register: as few instructions per weight as the int8 x int8 loop. */
+VNNI INLINE void int8_rows(const int16_t *xq, const float *xs, int K, int B, const int8_t *row, float s,
+                           float *y, int N, int n, int m0, const int MR) {
+    __m512 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * K + b * 32), _MM_HINT_T0);
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + b * 32)));
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xq + (size_t)m * K + b * 32));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * B + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]) * s;
+}
+
 VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight, const uint16_t *scales,
                             int N, float *y, int nthreads) {
     const int B = K / 32;
@@ -94,19 +122,8 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
         }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-        const int8_t *row = qweight + (size_t)n * K;
-        const float s = _cvtsh_ss(scales[n]);
-        for (int m = 0; m < M; m++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (int b = 0; b < B; b++) {
-                _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * K + b * 32), _MM_HINT_T0);
-                __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + b * 32)));
-                __m512i xb = _mm512_loadu_si512(xq + (size_t)m * K + b * 32);
-                __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, xb);
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(xs[m * B + b]), acc);
-            }
-            y[(size_t)m * N + n] = _mm512_reduce_add_ps(acc) * s;
-        }
+#define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, _cvtsh_ss(scales[n]), y, N, n, m0, R)
+        ROW_CHUNKS(M, INT8_ROWS);
     }
     free(xq); free(xs);
     return 0;
@@ -118,9 +135,55 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
    codes (128 weights) meet their activations in two vpdpbusd: low nibbles x even, high x odd;
    a group of 64 more (G = 64, 192, ...: a width like 576 takes groups of 64) in two 256-bit ones.
    The zero point leaves the loop: sum_k (q_k - z) xq_k = sum_k q_k xq_k - z sum_k xq_k. */
+VNNI INLINE void int4_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K, int G,
+                           int group_size, const uint8_t *row, const uint16_t *scales, const uint8_t *zeros,
+                           float *y, int N, int n, int m0, const int MR) {
+    const int chunks = group_size / 128, tail = group_size % 128, half = K / 2;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m256i low256 = _mm256_set1_epi8(0x0F);
+    __m512 acc[4];
+    float zero_part[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); zero_part[j] = 0.f; }
+    for (int g = 0; g < G; g++) {
+        __m512i dot[4];
+        for (int j = 0; j < MR; j++) dot[j] = _mm512_setzero_si512();
+        for (int c = 0; c < chunks; c++) {
+            const int off = g * (group_size / 2) + c * 64;
+            const __m512i v = _mm512_loadu_si512(row + off);
+            if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                dot[j] = _mm512_dpbusd_epi32(dot[j], lo, _mm512_loadu_si512(xe + at));
+                dot[j] = _mm512_dpbusd_epi32(dot[j], hi, _mm512_loadu_si512(xo + at));
+            }
+        }
+        if (tail) {  /* the last 64 weights of the group: 32 bytes */
+            const int off = g * (group_size / 2) + chunks * 64;
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(row + off));
+            if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m256i lo = _mm256_and_si256(v, low256), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low256);
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)(xe + at)));
+                d = _mm256_dpbusd_epi32(d, hi, _mm256_loadu_si256((const __m256i *)(xo + at)));
+                dot[j] = _mm512_add_epi32(dot[j], _mm512_zextsi256_si512(d));
+            }
+        }
+        const float s = _cvtsh_ss(scales[g]), z = (float)zeros[g];
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const float sx = s * xs[m * G + g];
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j]), _mm512_set1_ps(sx), acc[j]);
+            zero_part[j] += sx * z * (float)xsum[m * G + g];
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]) - zero_part[j];
+}
+
 VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, const uint16_t *scales,
                             const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
-    const int G = K / group_size, chunks = group_size / 128, tail = group_size % 128, half = K / 2;
+    const int G = K / group_size, half = K / 2;
     int8_t *xe = malloc((size_t)M * K);  /* even columns, then (at + M * half) odd columns */
     float *xs = malloc(sizeof(float) * M * G);
     int32_t *xsum = malloc(sizeof(int32_t) * M * G);
@@ -143,42 +206,11 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
             xs[m * G + g] = amax / 127.f;
             xsum[m * G + g] = sum;
         }
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    const __m256i low256 = _mm256_set1_epi8(0x0F);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * half;
-        for (int m = 0; m < M; m++) {
-            const int8_t *em = xe + (size_t)m * half, *om = xo + (size_t)m * half;
-            __m512 acc = _mm512_setzero_ps();
-            float zero_part = 0.f;
-            for (int g = 0; g < G; g++) {
-                __m512i dot = _mm512_setzero_si512();
-                for (int c = 0; c < chunks; c++) {
-                    const int off = g * (group_size / 2) + c * 64;
-                    __m512i v = _mm512_loadu_si512(row + off);
-                    _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
-                    __m512i lo = _mm512_and_si512(v, low);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                    dot = _mm512_dpbusd_epi32(dot, lo, _mm512_loadu_si512(em + off));
-                    dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(om + off));
-                }
-                if (tail) {  /* the last 64 weights of the group: 32 bytes */
-                    const int off = g * (group_size / 2) + chunks * 64;
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(row + off));
-                    _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
-                    __m256i lo = _mm256_and_si256(v, low256);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low256);
-                    __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)(em + off)));
-                    d = _mm256_dpbusd_epi32(d, hi, _mm256_loadu_si256((const __m256i *)(om + off)));
-                    dot = _mm512_add_epi32(dot, _mm512_zextsi256_si512(d));
-                }
-                const float sx = _cvtsh_ss(scales[(size_t)n * G + g]) * xs[m * G + g];
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sx), acc);
-                zero_part += sx * (float)zeros[(size_t)n * G + g] * (float)xsum[m * G + g];
-            }
-            y[(size_t)m * N + n] = _mm512_reduce_add_ps(acc) - zero_part;
-        }
+#define INT4_ROWS(R) int4_rows(xe, xo, xs, xsum, K, G, group_size, qweight + (size_t)n * half, \
+                               scales + (size_t)n * G, zeros + (size_t)n * G, y, N, n, m0, R)
+        ROW_CHUNKS(M, INT4_ROWS);
     }
     free(xe);
     free(xs);
@@ -187,28 +219,35 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
 }
 
 /* Q8_0: 34-byte blocks (d, 32 int8 codes), w = q * d. sum q (xq + 128) - 128 sum q = sum q xq. */
+VNNI INLINE void q8_0_rows(const uint8_t *xu, const float *xs, int K, int B, const uint8_t *row, int row_bytes,
+                           float *y, int N, int n, int m0, const int MR) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        const uint8_t *blk = row + b * 34;
+        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i shift = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q), 7);
+        const float d = f16_at(blk);
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            __m256i xb = _mm256_loadu_si256((const __m256i *)(xu + (size_t)m * K + b * 32));
+            __m256i dot = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xb, q), shift);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xs[m * B + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]);
+}
+
 VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int B = K / 32, row_bytes = B * 34;
     uint8_t *xu; float *xs; int32_t *xsum;
     if (quantize_blocks(x, M, K, 128, &xu, &xs, &xsum)) return -1;
-    const __m256i ones = _mm256_set1_epi8(1);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * row_bytes;
-        for (int m = 0; m < M; m++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int b = 0; b < B; b++) {
-                const uint8_t *blk = row + b * 34;
-                _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                __m256i xb = _mm256_loadu_si256((const __m256i *)(xu + (size_t)m * K + b * 32));
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xb, q);
-                __m256i wsum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-                dot = _mm256_sub_epi32(dot, _mm256_slli_epi32(wsum, 7));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(blk) * xs[m * B + b]), acc);
-            }
-            y[(size_t)m * N + n] = hsum256(acc);
-        }
+#define Q8_0_ROWS(R) q8_0_rows(xu, xs, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
+        ROW_CHUNKS(M, Q8_0_ROWS);
     }
     free(xu); free(xs); free(xsum);
     return 0;
@@ -219,32 +258,40 @@ VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight
    fp16 min m): w = d * q + m. Either way the constant leaves the integer loop, once per block:
    sum (d q + c) xs xq = d xs sum q xq + c xs sum xq, with c = -8 d or m (llama.cpp's Q8_1
    activation blocks keep xs sum xq as their s for this). */
+VNNI INLINE void nibble_rows(const uint8_t *xq, const float *xs, const int32_t *xsum, int K, int B, const uint8_t *row,
+                             int row_bytes, float *y, int N, int n, int m0, const int MR, const int has_min) {
+    const int block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m256 acc[4];
+    float offset[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); offset[j] = 0.f; }
+    for (int b = 0; b < B; b++) {
+        const uint8_t *blk = row + b * block_bytes;
+        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        const float d = f16_at(blk), c = has_min ? f16_at(blk + 2) : -8.f * d;
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
+            __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
+            const float xsb = xs[m * B + b];
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xsb), acc[j]);
+            offset[j] += c * xsb * (float)xsum[m * B + b];
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) + offset[j];
+}
+
 VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
         const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads, const int has_min) {
-    const int B = K / 32, block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2, row_bytes = B * block_bytes;
+    const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     uint8_t *xq; float *xs; int32_t *xsum;
     if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
-    const __m128i low = _mm_set1_epi8(0x0F);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * row_bytes;
-        for (int m = 0; m < M; m++) {
-            __m256 acc = _mm256_setzero_ps();
-            float offset = 0.f;
-            for (int b = 0; b < B; b++) {
-                const uint8_t *blk = row + b * block_bytes;
-                _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
-                __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-                __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
-                const float d = f16_at(blk), xsb = xs[m * B + b];
-                const float c = has_min ? f16_at(blk + 2) : -8.f * d;
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xsb), acc);
-                offset += c * xsb * (float)xsum[m * B + b];
-            }
-            y[(size_t)m * N + n] = hsum256(acc) + offset;
-        }
+#define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
+        ROW_CHUNKS(M, NIBBLE_ROWS);
     }
     free(xq); free(xs); free(xsum);
     return 0;
@@ -261,40 +308,50 @@ VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight
 /* Q4_K: 144-byte super-blocks of 256 (d, dmin, 12 bytes of 6-bit sub-block scales and mins, 128
    bytes of codes); sub-block j of 32 has w = d * sc_j * q - dmin * m_j, and 32-byte chunk i holds
    sub-block 2i in its low nibbles and 2i + 1 in its high ones (inferlab/quant/ggml.py). */
-VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
-    const int S = K / 256, B = K / 32, row_bytes = S * 144;
-    uint8_t *xq; float *xs; int32_t *xsum;
-    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+VNNI INLINE void q4_k_rows(const uint8_t *xq, const float *xs, const int32_t *xsum, int K, int S, const uint8_t *row,
+                           int row_bytes, float *y, int N, int n, int m0, const int MR) {
+    const int B = K / 32;
     const __m256i low = _mm256_set1_epi8(0x0F);
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * row_bytes;
-        for (int m = 0; m < M; m++) {
-            __m256 acc = _mm256_setzero_ps();
-            float mins = 0.f;
-            for (int s = 0; s < S; s++) {
-                const uint8_t *sb = row + s * 144, *q6 = sb + 4;
-                _mm_prefetch((const char *)(sb + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                _mm_prefetch((const char *)(sb + 64 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                _mm_prefetch((const char *)(sb + 128 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-                const float d = f16_at(sb), dmin = f16_at(sb + 2);
-                for (int i = 0; i < 4; i++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
-                    for (int h = 0; h < 2; h++) {
-                        const int j = 2 * i + h, blk = s * 8 + j;
-                        const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
-                        const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
-                        __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
-                        __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + blk * 32));
-                        __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
-                        const float xsb = xs[m * B + blk];
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * sc * xsb), acc);
-                        mins += dmin * mn * xsb * (float)xsum[m * B + blk];
-                    }
+    __m256 acc[4];
+    float mins[4];
+    for (int r = 0; r < MR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
+    for (int s = 0; s < S; s++) {
+        const uint8_t *sb = row + s * 144, *q6 = sb + 4;
+        if (m0 == 0) {
+            _mm_prefetch((const char *)(sb + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sb + 64 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+            _mm_prefetch((const char *)(sb + 128 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        }
+        const float d = f16_at(sb), dmin = f16_at(sb + 2);
+        for (int i = 0; i < 4; i++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h, blk = s * 8 + j;
+                const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
+                const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                const __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
+                for (int r = 0; r < MR; r++) {
+                    const int m = m0 + r;
+                    __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + blk * 32));
+                    __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
+                    const float xsb = xs[m * B + blk];
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * sc * xsb), acc[r]);
+                    mins[r] += dmin * mn * xsb * (float)xsum[m * B + blk];
                 }
             }
-            y[(size_t)m * N + n] = hsum256(acc) - mins;
         }
+    }
+    for (int r = 0; r < MR; r++) y[(size_t)(m0 + r) * N + n] = hsum256(acc[r]) - mins[r];
+}
+
+VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    const int S = K / 256, row_bytes = S * 144;
+    uint8_t *xq; float *xs; int32_t *xsum;
+    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
+        ROW_CHUNKS(M, Q4_K_ROWS);
     }
     free(xq); free(xs); free(xsum);
     return 0;
@@ -304,10 +361,39 @@ VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight
    2i + 1 in its low one, blocks of `blocksize` values (a multiple of 32 dividing K) share a float
    absmax. The 16 code values sit in one register and vpermps looks 16 of them up at once; the
    product stays in float (no activation rounding): even-column codes meet the even activations. */
+__attribute__((target("avx512f,fma"))) INLINE void nf4_rows(
+        const float *xe, const float *xo, int K, const uint8_t *row, const float *absmax, const float *code,
+        int blocksize, float *y, int N, int n, int m0, const int MR) {
+    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 32;
+    const __m512 table = _mm512_loadu_ps(code);
+    const __m512i low = _mm512_set1_epi32(15);
+    __m512 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        __m512 part[4];
+        for (int j = 0; j < MR; j++) part[j] = _mm512_setzero_ps();
+        for (int t = 0; t < steps; t++) {
+            const int off = b * blocksize / 2 + t * 16;
+            if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + off)));
+            const __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+            const __m512 wo = _mm512_permutexvar_ps(_mm512_and_si512(v, low), table);
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                part[j] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xe + at), part[j]);
+                part[j] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xo + at), part[j]);
+            }
+        }
+        const __m512 a = _mm512_set1_ps(absmax[b]);
+        for (int j = 0; j < MR; j++) acc[j] = _mm512_fmadd_ps(part[j], a, acc[j]);
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]);
+}
+
 __attribute__((target("avx512f,fma")))
 int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
                       const float *code, int N, int blocksize, float *y, int nthreads) {
-    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 32;
+    const int half = K / 2, blocks = K / blocksize;
     float *xe = malloc(sizeof(float) * M * K);
     if (!xe) return -1;
     float *xo = xe + (size_t)M * half;
@@ -316,29 +402,10 @@ int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, cons
             xe[(size_t)m * half + i] = x[(size_t)m * K + 2 * i];
             xo[(size_t)m * half + i] = x[(size_t)m * K + 2 * i + 1];
         }
-    const __m512 table = _mm512_loadu_ps(code);
-    const __m512i low = _mm512_set1_epi32(15);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-        const uint8_t *row = qweight + (size_t)n * half;
-        for (int m = 0; m < M; m++) {
-            const float *em = xe + (size_t)m * half, *om = xo + (size_t)m * half;
-            __m512 acc = _mm512_setzero_ps();
-            for (int b = 0; b < blocks; b++) {
-                __m512 part = _mm512_setzero_ps();
-                for (int t = 0; t < steps; t++) {
-                    const int off = b * blocksize / 2 + t * 16;
-                    _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
-                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + off)));
-                    __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
-                    __m512 wo = _mm512_permutexvar_ps(_mm512_and_si512(v, low), table);
-                    part = _mm512_fmadd_ps(we, _mm512_loadu_ps(em + off), part);
-                    part = _mm512_fmadd_ps(wo, _mm512_loadu_ps(om + off), part);
-                }
-                acc = _mm512_fmadd_ps(part, _mm512_set1_ps(absmax[(size_t)n * blocks + b]), acc);
-            }
-            y[(size_t)m * N + n] = _mm512_reduce_add_ps(acc);
-        }
+#define NF4_ROWS(R) nf4_rows(xe, xo, K, qweight + (size_t)n * half, absmax + (size_t)n * blocks, code, blocksize, y, N, n, m0, R)
+        ROW_CHUNKS(M, NF4_ROWS);
     }
     free(xe);
     return 0;

@@ -8,6 +8,7 @@ import torch
 from inferlab.errors import CheckpointError
 from inferlab.gguf_loader import hf_folder, unpermute_rope
 from inferlab.loader import load_checkpoint
+from inferlab.linear import Linear
 from inferlab.quant import quantize_model
 from inferlab.quant.gguf_export import rope_permute, write_gguf
 from inferlab.quant.ggml import GGMLLinear
@@ -54,7 +55,7 @@ def test_packed_file_keeps_its_blocks(tmp_path, target, ids, method, monkeypatch
     with torch.no_grad():
         assert torch.equal(stored(ids), quantized(ids))
     fp32, _ = load_checkpoint(path, device="cpu", dequantize=True)  # dequantized, through the cached folder
-    assert type(fp32.model.layers[1].self_attn.q_proj) is torch.nn.Linear
+    assert type(fp32.model.layers[1].self_attn.q_proj) is Linear  # a float linear
     assert torch.equal(fp32.model.layers[1].self_attn.q_proj.weight, q.dequantize())
     folder = hf_folder(path)
     assert folder.parent == tmp_path / "cache" / "gguf" and (folder / "config.json").exists()
@@ -167,7 +168,7 @@ def test_every_tensor_type_loads_as_gguf_decodes_it(tmp_path, target, ids):
     path = _retyped(write_gguf(target[0], target[1], tmp_path / "m", "f32"), tmp_path / "mixed.gguf", types)
     model, _ = load_checkpoint(path, device="cpu")
     layer, ref = model.model.layers[1], target[0].model.layers[1]
-    assert type(layer.self_attn.q_proj) is torch.nn.Linear and layer.mlp.up_proj.ggml_type == "q8_0"
+    assert type(layer.self_attn.q_proj) is Linear and layer.mlp.up_proj.ggml_type == "q8_0"
     assert layer.mlp.down_proj.ggml_type == "q4_1"
     reader = gguf.GGUFReader(str(path))
     stored = {t.name: t for t in reader.tensors}

@@ -1,0 +1,128 @@
+"""What more rows cost: every linear of a model's layers called with 1, 2, 5, 9 and 17 rows, per format.
+
+A decode step multiplies each weight by as many rows as it has sequences; a speculative verify by
+k + 1 rows. On a memory-bound model the weights' bytes set the time, so a loop that reads each
+weight once for all its rows makes the extra rows nearly free: that ratio is the ``v`` of
+speculative decoding (Leviathan et al. 2023: the cost of a verify forward over one decode step)
+and the marginal cost of a sequence in a batch. Each format is timed through the module the
+engine runs (its decode loop where one runs here), ``fp32-torch`` is ``F.linear`` on the same
+weights for comparison. Rows of every (format, row count) are interleaved round-robin, best of
+``--repeats``, so each ratio compares runs made under the same machine load.
+
+    inferlab bench rows --model smollm2 --formats fp32,int8,int4,q8_0,q4_1,q4_k,nf4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch.nn import functional as F
+
+from inferlab.cli import HelpFormatter
+
+ROWS = (1, 2, 5, 9, 17)
+FORMATS = ("fp32", "fp32-torch", "int8", "int4", "nf4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
+GOAL = 1.15  # 5 rows may cost at most this many times one row
+
+
+def layer_linears(model_name: str, fmt: str) -> list:
+    """The projections of every decoder layer of ``model_name`` in format ``fmt`` (the head left out:
+    it runs once per step, not once per layer, and the engine computes it on sampled rows only)."""
+    from inferlab.linear import replace_linears
+    from inferlab.loader import hf_model_folder, load_checkpoint
+    from inferlab.quant.quantize import quantize_model
+
+    if fmt == "stored":  # a GGUF's blocks as the file holds them
+        model, _ = load_checkpoint(model_name, device="cpu", dtype=torch.float32)
+    else:
+        model, _ = load_checkpoint(hf_model_folder(model_name), device="cpu", dtype=torch.float32)
+        if fmt == "fp32-torch":
+            replace_linears(model, lambda name, lin: _Torch(lin))
+        elif fmt != "fp32":
+            quantize_model(model, fmt, progress=False)
+    return [m for layer in model.model.layers for n, m in layer.named_modules() if n.endswith("_proj")]
+
+
+class _Torch(torch.nn.Module):
+    """The same weight through ``F.linear`` (the library GEMM), the baseline the loop replaces."""
+
+    def __init__(self, lin):
+        super().__init__()
+        self.weight, self.bias = lin.weight, lin.bias
+        self.in_features = lin.in_features
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+@torch.inference_mode()
+def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 5) -> dict:
+    """{format: {rows: seconds for one pass over the layers' linears}, ...} and each ratio to 1 row."""
+    linears = {f: layer_linears(model_name, f) for f in formats}
+    widths = {m.in_features for ls in linears.values() for m in ls}
+    torch.manual_seed(0)
+    xs = {r: {k: torch.randn(r, k) for k in widths} for r in rows}
+    best = {(f, r): float("inf") for f in formats for r in rows}
+    for _ in range(repeats + 1):  # the first round warms up (and builds the loops)
+        for f in formats:
+            for r in rows:
+                t = time.perf_counter()
+                for m in linears[f]:
+                    m(xs[r][m.in_features])
+                best[f, r] = min(best[f, r], time.perf_counter() - t)
+    out = {}
+    for f in formats:
+        one = best[f, 1]
+        out[f] = {"one_row_ms": round(1e3 * one, 2),
+                  "vs_one_row": {str(r): round(best[f, r] / one, 3) for r in rows},
+                  "linears": len(linears[f])}
+        if 5 in rows:
+            out[f]["goal_5_rows"] = {"target": f"<= {GOAL}x one row", "value": out[f]["vs_one_row"]["5"],
+                                     "met": out[f]["vs_one_row"]["5"] <= GOAL}
+    if "fp32" in formats and "fp32-torch" in formats:
+        out["fp32"]["vs_torch"] = {str(r): round(best["fp32-torch", r] / best["fp32", r], 3) for r in rows}
+    return {"model": model_name, "threads": torch.get_num_threads(), "repeats": repeats,
+            "timing": "one pass over every layer projection, best of repeats, formats and row counts interleaved",
+            "formats": out}
+
+
+def table(res: dict) -> str:
+    rows = list(next(iter(res["formats"].values()))["vs_one_row"])
+    lines = [f"{res['model']}, {res['threads']} threads: cost of N rows / cost of 1 row, every layer projection",
+             f"{'format':<11} {'1 row ms':>9} " + " ".join(f"{r + ' rows':>8}" for r in rows[1:]) + "  5 rows goal"]
+    for f, r in res["formats"].items():
+        goal = r.get("goal_5_rows")
+        lines.append(f"{f:<11} {r['one_row_ms']:>9.1f} " + " ".join(f"{r['vs_one_row'][n]:>7.2f}x" for n in rows[1:])
+                     + ("" if goal is None else f"  {'met' if goal['met'] else 'MISSED'} ({goal['target']})"))
+    if "vs_torch" in res["formats"].get("fp32", {}):
+        lines.append("fp32 loop vs F.linear (speedup): " + ", ".join(
+            f"{n} rows {v:.2f}x" for n, v in res["formats"]["fp32"]["vs_torch"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="inferlab bench rows", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2", help="model name or folder (default: smollm2)")
+    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts; the first is the baseline's")
+    p.add_argument("--repeats", type=int, default=5, help="rounds, best kept (default: 5)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    formats = [f for f in args.formats.split(",") if f]
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        p.error(f"unknown format {bad[0]!r}: choose from {', '.join(FORMATS)}")
+    try:
+        rows = tuple(int(r) for r in args.rows.split(","))
+    except ValueError:
+        p.error("--rows takes comma-separated integers, e.g. 1,2,5")
+    if rows[0] != 1 or min(rows) < 1 or max(rows) > 32 or args.repeats < 1:
+        p.error("--rows must start at 1 and stay within 1..32, and --repeats must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res = run(args.model, formats, rows, args.repeats)
+    print(json.dumps(res, indent=1) if args.json else table(res))
+    return 0
