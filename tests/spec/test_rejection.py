@@ -222,3 +222,21 @@ def test_greedy_verify_matches_rejection_sampling_on_one_hot_rows():
         p = torch.nn.functional.one_hot(argmax, 3).float()
         from inferlab.spec import greedy_verify
         assert greedy_verify(guesses, argmax) == rejection_sample(guesses, p)
+
+
+def test_a_draw_equal_to_the_ratio_rejects():
+    """u < p/q accepts and u = p/q rejects, so a guess the target gives probability 0 never passes,
+    even with u = 0."""
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    assert rejection_sample([[0]], p, uniforms=torch.tensor([[0.5]])) == [[1]]  # rejected: p without 0
+    kept = rejection_sample([[0]], p, uniforms=torch.tensor([[0.4999]]))[0]
+    assert kept[0] == 0 and len(kept) == 2  # accepted, then the bonus token
+    zero = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    assert rejection_sample([[0]], zero, uniforms=torch.tensor([[0.0]])) == [[1]]
+
+
+def test_the_residual_is_normalised():
+    """norm(max(0, p - q)), worked by hand: only token 0 has p > q, so a rejection emits it."""
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]])
+    q = torch.tensor([[0.2, 0.5, 0.3], [0.5, 0.25, 0.25]])
+    torch.testing.assert_close(rejection.recovered_probs(p, q), torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]))

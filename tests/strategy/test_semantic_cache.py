@@ -43,6 +43,12 @@ def test_threshold_decides_hit_or_miss():
     assert cache.stats["hits"] == 2 and cache.stats["misses"] == 1
 
 
+def test_a_similarity_equal_to_the_threshold_is_served():
+    cache = SemanticCache(E, threshold=1.0)  # the same text: cosine exactly 1
+    cache.insert("a", "answer a")
+    assert cache.lookup("a").answer == "answer a" and cache.lookup("a'") is None
+
+
 def test_nearest_picks_the_most_similar_not_the_first():
     cache = SemanticCache(E, threshold=0.5)
     cache.insert("b", "answer b")
