@@ -18,6 +18,8 @@
 #include <stdint.h>
 
 #define TILE_N 4  /* weight rows per tile */
+#define AHEAD 16  /* the first pass over a tile asks for the weights this many rows ahead: with the
+                     hardware prefetcher alone, more rows per tile left the loop waiting on memory */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,7 +40,10 @@ AVX512 static inline __attribute__((always_inline)) void tile512(const float *x,
     const float *wt = w + (size_t)n0 * K;
     for (int k = 0; k < K; k += 16) {
         __m512 wv[TILE_N];
-        for (int r = 0; r < TILE_N; r++) wv[r] = _mm512_loadu_ps(wt + (size_t)r * K + k);
+        for (int r = 0; r < TILE_N; r++) {
+            wv[r] = _mm512_loadu_ps(wt + (size_t)r * K + k);
+            if (m0 == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0);
+        }
         for (int j = 0; j < MR; j++) {
             const __m512 xv = _mm512_loadu_ps(x + (size_t)(m0 + j) * K + k);
             for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm512_fmadd_ps(wv[r], xv, acc[j][r]);
@@ -76,7 +81,10 @@ AVX2 static inline __attribute__((always_inline)) void tile256(const float *x, i
     const float *wt = w + (size_t)n0 * K;
     for (int k = 0; k < K; k += 8) {
         __m256 wv[TILE_N];
-        for (int r = 0; r < TILE_N; r++) wv[r] = _mm256_loadu_ps(wt + (size_t)r * K + k);
+        for (int r = 0; r < TILE_N; r++) {
+            wv[r] = _mm256_loadu_ps(wt + (size_t)r * K + k);
+            if (m0 == 0 && (k & 15) == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0);
+        }
         for (int j = 0; j < MR; j++) {
             const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + j) * K + k);
             for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm256_fmadd_ps(wv[r], xv, acc[j][r]);
@@ -110,7 +118,10 @@ static inline __attribute__((always_inline)) void tile_neon(const float *x, int 
     const float *wt = w + (size_t)n0 * K;
     for (int k = 0; k < K; k += 4) {
         float32x4_t wv[TILE_N];
-        for (int r = 0; r < TILE_N; r++) wv[r] = vld1q_f32(wt + (size_t)r * K + k);
+        for (int r = 0; r < TILE_N; r++) {
+            wv[r] = vld1q_f32(wt + (size_t)r * K + k);
+            if (m0 == 0 && (k & 15) == 0) __builtin_prefetch(wt + (size_t)(r + AHEAD) * K + k);
+        }
         for (int j = 0; j < MR; j++) {
             const float32x4_t xv = vld1q_f32(x + (size_t)(m0 + j) * K + k);
             for (int r = 0; r < TILE_N; r++) acc[j][r] = vfmaq_f32(acc[j][r], wv[r], xv);

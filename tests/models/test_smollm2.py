@@ -122,7 +122,9 @@ def test_quantize_to_gguf_round_trips(tmp_path, smollm2_file, smollm2_stored, sm
 def test_chat_renders_as_transformers_and_stops_at_the_end_of_turn(smollm2_stored, smollm2_transformers):
     model, tok = smollm2_stored
     _, hf_tok = smollm2_transformers
-    messages = [{"role": "user", "content": "How do I reset my password?"}]
+    # a question whose greedy answer ends within the budget on every kernel path (int8 activations
+    # in the VNNI loops, floats elsewhere): a longer open question can run past max_tokens on one
+    messages = [{"role": "user", "content": "How do I reset my password? Answer in one short sentence."}]
     expected = hf_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert tok.chat_template.render(messages) == expected  # the default system prompt included
     llm = LLM.from_model(model, tok)
