@@ -35,7 +35,9 @@ PROMPT = "def fibonacci(n):\n    "
 MODELS = ("target", "random-80m")
 PRECISIONS = ("fp32", "fp16", "int8", "int4", "q8_0", "q4_k")
 # "stored": a GGUF's blocks as the file holds them (smollm2's Q4_1), beside llama.cpp on the same file
-CHOICES = PRECISIONS + ("q4_0", "q4_1", "nf4", "stored")
+# "<method>+head": the output head quantized too (Q8_0 or INT8, ``quantize_model(quantize_head=True)``)
+HEADED = ("int8", "int4", "q8_0", "q4_0", "q4_1", "q4_k", "nf4")
+CHOICES = PRECISIONS + ("q4_0", "q4_1", "nf4", "stored") + tuple(f"{m}+head" for m in HEADED)
 COMPILED = ("fp32", "int8", "int4")  # also timed with a compiled decode step (each compiles for a minute)
 GOALS = [  # (model, what, ratio key, threshold)
     ("random-80m", "fp32 >= 0.8x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.8),
@@ -79,8 +81,13 @@ def _variant(model: str, precision: str, enforce_eager: bool = True):
     if precision in ("fp32", "fp16"):  # quantization "none": a GGUF's blocks dequantized
         return LLM(model=model, device="cpu", dtype={"fp32": "float32", "fp16": "float16"}[precision], max_num_seqs=1,
                    enforce_eager=enforce_eager, quantization="none")
-    return LLM(model=model, device="cpu", dtype="float32", quantization=precision, max_num_seqs=1,
-               enforce_eager=enforce_eager)
+    method, _, head = precision.partition("+")
+    llm = LLM(model=model, device="cpu", dtype="float32", quantization=method, max_num_seqs=1,
+              enforce_eager=enforce_eager)
+    if head:  # the head too, as quantize_model(quantize_head=True) stores it
+        from inferlab.quant.quantize import build_linear, head_format
+        llm.model.lm_head = build_linear(llm.model.lm_head, method, None, None, head_format(method))
+    return llm
 
 
 def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp: str, compiled: bool = True) -> dict:
