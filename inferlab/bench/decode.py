@@ -85,8 +85,8 @@ def _variant(model: str, precision: str, enforce_eager: bool = True):
     llm = LLM(model=model, device="cpu", dtype="float32", quantization=method, max_num_seqs=1,
               enforce_eager=enforce_eager)
     if head:  # the head too, as quantize_model(quantize_head=True) stores it
-        from inferlab.quant.quantize import build_linear, head_format
-        llm.model.lm_head = build_linear(llm.model.lm_head, method, None, None, head_format(method))
+        from inferlab.quant.quantize import quantize_output_head
+        quantize_output_head(llm.model, method)
     return llm
 
 

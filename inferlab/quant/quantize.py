@@ -12,7 +12,7 @@ from torch import nn
 from inferlab.linear import replace_linears
 from inferlab.quant import awq, calibration
 from inferlab.quant.base import QuantizationError, QuantLinear
-from inferlab.quant.ggml import GGMLLinear
+from inferlab.quant.ggml import BLOCKS, GGMLLinear
 from inferlab.quant.gptq import HessianAccumulator, gptq_linear
 from inferlab.quant.int4 import Int4Linear
 from inferlab.quant.int8 import Int8Linear
@@ -52,7 +52,15 @@ def head_format(method: str) -> dict:
     """The format of a quantized output head: llama.cpp keeps its token embedding / output in Q8_0
     (or better) under every 4-bit type, since the head's errors land straight on the logits; here
     Q8_0 for the llama.cpp methods, INT8 per output channel for the others."""
-    return {"quant_method": "q8_0" if method in ("q8_0", "q4_0", "q4_1", "q4_k") else "int8"}
+    return {"quant_method": "q8_0" if method in BLOCKS else "int8"}
+
+
+def quantize_output_head(model, method: str) -> dict:
+    """Replace ``model.lm_head`` by its quantized form for a model quantized with ``method``;
+    returns the head's entry of ``quantization_config["modules"]``."""
+    fmt = head_format(method)
+    model.lm_head = build_linear(model.lm_head, method, None, None, fmt)
+    return fmt
 
 
 def build_linear(lin: nn.Linear, method: str, bits: int, group_size: int | None, fmt: dict) -> QuantLinear:
@@ -97,8 +105,7 @@ def quantize_model(model, method: str, bits: int | None = None, group_size: int 
     else:
         replace_linears(model, lambda name, lin: build_linear(lin, method, bits, group_size, modules.get(name, {})))
     if quantize_head:
-        modules["lm_head"] = head_format(method)
-        model.lm_head = build_linear(model.lm_head, method, bits, group_size, modules["lm_head"])
+        modules["lm_head"] = quantize_output_head(model, method)
     return quantization_config(method, bits, group_size, act_order and method == "gptq", sym, modules)
 
 
