@@ -1,7 +1,7 @@
 """Model cards of notebook 06's models (MoE, MHA and its GQA/MQA conversions)."""
 from __future__ import annotations
 
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 
 _WHAT = {
     "moe": "a Mixtral-style mixture of experts: the draft's attention and size per token, with the dense MLP "

@@ -4,7 +4,7 @@
   2 chosen per token, so a token uses the draft's MLP width (384); trained with the load-balancing
   loss. ``moe_noaux`` is the same without it (an ablation, kept in the run folder, not shipped).
 - ``mha``: the draft's shape with one K/V head per query head; ``gqa`` and ``mqa`` start from it,
-  K/V heads mean-pooled (``inferlab.gqa``), and are uptrained for 5% of its steps.
+  K/V heads mean-pooled (``inferlab.model.gqa``), and are uptrained for 5% of its steps.
 
 Each shipped model gets ``metrics.json`` and a model card, like the embedded pair.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inferlab import moe
+from inferlab.model import moe
 from inferlab.errors import InferlabError
-from inferlab.gqa import kv_bytes_per_token, mean_pool_kv_heads
+from inferlab.model.gqa import kv_bytes_per_token, mean_pool_kv_heads
 
 log = logging.getLogger("inferlab.train")
 ARCH_MODELS = ("moe", "moe_noaux", "mha", "gqa", "mqa")
@@ -33,7 +33,7 @@ def model_folder(name: str, out_dir: Path, run_dir: Path) -> Path:
 
 def converted_start(recipe, out_dir: Path, run_dir: Path):
     """The starting point of GQA/MQA uptraining: the shipped MHA model, K/V heads mean-pooled."""
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
 
     src = out_dir / recipe.convert_from
     if not (src / "config.json").exists():
@@ -97,7 +97,7 @@ def finish(out_dir: Path, run_dir: Path, names: list[str], corpus_info: dict, ar
     """Measure and describe each trained model of notebook 06 (metrics.json + card)."""
     from inferlab.arch_cards import card
     from inferlab.eval.ppl import evaluate, test_stream
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
 
     names = [n for n in names if n in ARCH_MODELS and (model_folder(n, out_dir, run_dir) / "config.json").exists()]
     ids = None

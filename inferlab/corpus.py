@@ -97,7 +97,7 @@ def token_stream(tokenizer, files: list[SourceFile]):
     the layout the models were trained on and are scored on."""
     import numpy as np
 
-    from inferlab.tokenizer import EOT
+    from inferlab.model.tokenizer import EOT
 
     eot = tokenizer.hf.token_to_id(EOT)
     parts = []

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from inferlab.errors import CheckpointError
-from inferlab.loader import ASSETS, EMBEDDED_MODELS, REAL_MODELS, real_model_file
+from inferlab.model.loader import ASSETS, EMBEDDED_MODELS, REAL_MODELS, real_model_file
 
 CARDS = ASSETS.parent / "cards"
 

@@ -22,7 +22,7 @@ import torch
 
 from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache
-from inferlab.context import fit_max_tokens
+from inferlab.model.context import fit_max_tokens
 from inferlab.sampling import SamplingParams, make_generator, sample
 from inferlab.sequence import Sequence, SequenceStatus
 

@@ -2,7 +2,7 @@
 
 With ``--chat`` the prompt is one user message (after ``--system``, if given), rendered through the
 model's chat template and stopped at its end-of-turn token: ``LLM.chat``'s path and the server's
-(``inferlab.chat``). The context rule is the server's: a request whose prompt plus
+(``inferlab.model.chat``). The context rule is the server's: a request whose prompt plus
 ``--max-tokens`` does not fit in the model's context (or in the KV pool) is refused with one line,
 never silently cut short.
 """
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from inferlab.chat import Chat
+from inferlab.model.chat import Chat
 from inferlab.errors import InferlabError
 from inferlab.llm import LLM, step_stats
 from inferlab.sampling import SamplingParams

@@ -11,13 +11,13 @@ import time
 
 
 from inferlab.attention import get_backend
-from inferlab.chat import Chat, ChatTemplate
+from inferlab.model.chat import Chat, ChatTemplate
 from inferlab.device import default_device, parse_dtype
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.errors import InferlabError
-from inferlab.loader import load_checkpoint
-from inferlab.packing import pack_projections
+from inferlab.model.loader import load_checkpoint
+from inferlab.model.packing import pack_projections
 from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.sampling import SamplingParams
 from inferlab.spec.config import SpeculativeConfig
@@ -93,7 +93,7 @@ class LLM:
         return self
 
     def _start(self, backend, config: EngineConfig, name: str) -> None:
-        pack_projections(self.model)  # q/k/v and gate/up as one GEMM each (inferlab.packing)
+        pack_projections(self.model)  # q/k/v and gate/up as one GEMM each (inferlab.model.packing)
         self.model.set_attention_backend(backend)
         self.model_name = name
         self.llm_engine = LLMEngine(self.model, self.tokenizer, config)
@@ -122,7 +122,7 @@ class LLM:
         as vLLM's ``LLM.chat``: each is rendered through the model's chat template (or
         ``chat_template``, Jinja source; ``chat_template_kwargs``: more template variables), encoded
         without adding special tokens again, and generated until the template's end-of-turn token
-        (``inferlab.chat``), which the text leaves out. One output per conversation; its
+        (``inferlab.model.chat``), which the text leaves out. One output per conversation; its
         ``prompt`` is the rendered text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         chat = Chat(self.tokenizer, chat_template)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from inferlab.detokenizer import Detokenizer
+from inferlab.model.detokenizer import Detokenizer
 from inferlab.sampling import SamplingParams
 
 

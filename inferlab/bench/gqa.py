@@ -23,7 +23,7 @@ import time
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.gqa import kv_bytes_per_token, max_seqs_in_budget, mean_pool_kv_heads
+from inferlab.model.gqa import kv_bytes_per_token, max_seqs_in_budget, mean_pool_kv_heads
 
 
 def _decode_time(model, prompts, new_tokens: int) -> float:
@@ -39,7 +39,7 @@ def _decode_time(model, prompts, new_tokens: int) -> float:
 
 def variants(device: str = "cpu") -> list[tuple[str, object]]:
     """(name, model) for MHA, then GQA and MQA mean-pooled and uptrained."""
-    from inferlab.loader import ASSETS, load_checkpoint
+    from inferlab.model.loader import ASSETS, load_checkpoint
 
     if not (ASSETS / "mha" / "config.json").exists():
         raise InferlabError("the embedded mha model is not built: run `inferlab train --models mha --steps 900`")

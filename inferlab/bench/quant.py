@@ -65,7 +65,7 @@ def _row(model_name: str, name: str, bits: int, group, max_tokens: int | None, c
          progress: bool = False) -> dict:
     """Quantize one copy of the model with one method (or none, for fp32/fp16): bytes and perplexity."""
     from inferlab.eval.ppl import evaluate, protocol, test_stream
-    from inferlab.loader import hf_model_folder, load_checkpoint
+    from inferlab.model.loader import hf_model_folder, load_checkpoint
     from inferlab.quant.calibration import calibration_tokens
     from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 
@@ -152,7 +152,7 @@ def run(model_name: str = "target", max_tokens: int | None = None, calib_samples
             r[f"{key}_tokens_per_s"], r[f"{key}_vs_fp32"] = s.get("tokens_per_s"), s.get("vs_fp32")
         if "llama_cpp_tokens_per_s" in speeds[speed_model][r["format"]]:
             r["llama_cpp_tokens_per_s"] = speeds[speed_model][r["format"]]["llama_cpp_tokens_per_s"]
-    from inferlab import random_model
+    from inferlab.model import random_model
     speed = {"model": speed_model, "random_weights": random_model.is_random_model(speed_model),
              "threads": torch.get_num_threads(), "new_tokens": new_tokens, "repeats": repeats,
              "timing": "batch-1 greedy decode, every (model, format) held in memory and timed in one interleaved "
@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
         from inferlab.quant.methods import resolve
         for m in only:
             resolve(m)
-    from inferlab.loader import resolve_model_path
+    from inferlab.model.loader import resolve_model_path
     resolve_model_path(args.speed_model)  # a wrong name fails now, not after scoring every row
     res = run(args.model, args.max_tokens, args.calib_samples, args.new_tokens, args.repeats, only,
               progress=True, jobs=args.jobs, speed_model=args.speed_model, threads=args.threads)

@@ -30,8 +30,8 @@ GOAL = 1.15  # 5 rows may cost at most this many times one row
 def layer_linears(model_name: str, fmt: str) -> list:
     """The projections of every decoder layer of ``model_name`` in format ``fmt`` (the head left out:
     it runs once per step, not once per layer, and the engine computes it on sampled rows only)."""
-    from inferlab.linear import replace_linears
-    from inferlab.loader import hf_model_folder, load_checkpoint
+    from inferlab.model.linear import replace_linears
+    from inferlab.model.loader import hf_model_folder, load_checkpoint
     from inferlab.quant.quantize import quantize_model
 
     if fmt == "stored":  # a GGUF's blocks as the file holds them

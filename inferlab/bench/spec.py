@@ -33,7 +33,7 @@ from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.generate import generate
 from inferlab.llm import load_model
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.spec.medusa import MedusaGuesser, heads_folder_for, load_heads

@@ -26,7 +26,7 @@ def vm_rss():
 def rss():
     f = dict(l.split(":", 1) for l in open("/proc/self/status") if l.startswith(("RssAnon", "RssFile")))
     return {k: int(v.split()[0]) * 1024 for k, v in f.items()}
-from inferlab.loader import load_checkpoint, resolve_model_path
+from inferlab.model.loader import load_checkpoint, resolve_model_path
 from inferlab.parallel.loader import load_shard
 name, rank, world = str(resolve_model_path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
 torch.ones(8).clone().sum()  # the copy kernels' code pages, touched before the baseline

@@ -23,7 +23,7 @@ import time
 import torch
 
 from inferlab.cache.paged import PagedKVCache
-from inferlab.context import fit_max_tokens
+from inferlab.model.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.model_runner import ModelRunner, SeqInput

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from inferlab import packing
+from inferlab.model import packing
 from inferlab.attention.paged import MULTI_QUERY_MAX, PagedAttentionMetadata
 from inferlab.cache.paged import PagedKVCache
 from inferlab.device import COMPILE_ERRORS

@@ -12,7 +12,7 @@ import torch
 
 from inferlab.engine.draft import DraftProposer
 from inferlab.engine.medusa import MedusaProposer
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import probs_from_logits, sample
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 

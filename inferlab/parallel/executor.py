@@ -71,7 +71,7 @@ def setup_rank(spec: RankSpec, rank: int) -> RankSetup:
     """Join the group, load this rank's shard, agree on the KV block count (all-reduce MIN); the
     same code on every rank."""
     from inferlab.attention import get_backend
-    from inferlab.packing import pack_projections
+    from inferlab.model.packing import pack_projections
     from inferlab.parallel.loader import load_shard
 
     device = _rank_device(spec.device, rank)

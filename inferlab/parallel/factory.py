@@ -1,5 +1,5 @@
 """The tensor-parallel linear factory: picks column, row or replicated for each projection by its
-HF name, behind the same seam as quantized linears (``inferlab.linear``).
+HF name, behind the same seam as quantized linears (``inferlab.model.linear``).
 
     column-parallel   q_proj k_proj v_proj gate_proj up_proj  (Mixtral: experts' w1 w3)
     row-parallel      o_proj down_proj                        (Mixtral: experts' w2, reduced per block)
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from inferlab.config import ModelConfig
-from inferlab.linear import default_linear
+from inferlab.model.config import ModelConfig
+from inferlab.model.linear import default_linear
 from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.layers import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding,
                                      quantized_column, quantized_row)

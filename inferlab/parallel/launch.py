@@ -26,7 +26,7 @@ def launch_parallel(model: str, world: int, device, dtype, attention_backend: st
                                   "quantize --model M --method int8 --out DIR`), then load DIR with tensor_parallel_size=N")
     if speculative_config is not None:
         raise TensorParallelError("speculative decoding runs with tensor_parallel_size=1 only")
-    from inferlab.loader import hf_model_folder, load_config
+    from inferlab.model.loader import hf_model_folder, load_config
     folder = hf_model_folder(model)  # a GGUF's blocks do not shard: the ranks read its fp32 folder
     # heads that do not divide, and the like: refused before any process starts
     TensorParallelFactory(load_config(folder), 0, world)

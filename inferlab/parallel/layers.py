@@ -62,7 +62,7 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, start: int
 class ColumnParallelLinear(nn.Linear):
     """Rows ``rows = (start, end)`` of a [out, in] weight; the output stays split (gather_output=False).
 
-    Still an ``nn.Linear`` with the local shape: packing (``inferlab.packing``) stacks a rank's q/k/v
+    Still an ``nn.Linear`` with the local shape: packing (``inferlab.model.packing``) stacks a rank's q/k/v
     shards into one GEMM as it stacks full projections."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, rows: tuple[int, int], tp_size: int):

@@ -12,10 +12,10 @@ import os
 import torch
 from safetensors import safe_open
 
-from inferlab import moe
+from inferlab.model import moe
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
-from inferlab.loader import _quantization_config, _weight_files, assemble, load_config, resolve_model_path
+from inferlab.model.loader import _quantization_config, _weight_files, assemble, load_config, resolve_model_path
 from inferlab.model import CausalLM
 from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.factory import TensorParallelFactory

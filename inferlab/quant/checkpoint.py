@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inferlab.errors import CheckpointError
-from inferlab.linear import default_linear
+from inferlab.model.linear import default_linear
 from inferlab.quant import hub
 from inferlab.quant.base import QuantLinear
 from inferlab.quant.ggml import GGMLLinear
@@ -187,7 +187,7 @@ def check_output_folder(folder: Path, overwrite: bool = False, source: Path | No
 def atomic_folder(folder: str | os.PathLike, overwrite: bool = False, source: str | os.PathLike | None = None):
     """Yield a temporary sibling of ``folder`` to write into; commit it only when the block succeeds.
 
-    A new folder appears in one rename (the loader's :func:`~inferlab.loader.atomic_folder`). Into an
+    A new folder appears in one rename (the loader's :func:`~inferlab.model.loader.atomic_folder`). Into an
     existing folder (see :func:`check_output_folder`) each written file replaces its namesake in one
     rename, files an earlier inferlab run wrote and this one does not are removed, and nothing else
     is touched. Every file is left readable by all (0644 under the usual umask), as a model folder is.

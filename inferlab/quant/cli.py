@@ -62,7 +62,7 @@ def exceptions(qcfg: dict) -> list[str]:
 def main(argv: list[str]) -> int:
     import torch
 
-    from inferlab.loader import hf_model_folder, load_checkpoint, resolve_model_path
+    from inferlab.model.loader import hf_model_folder, load_checkpoint, resolve_model_path
     from inferlab.quant.checkpoint import check_output_folder, save_quantized
     from inferlab.quant.quantize import linear_weight_bytes, quantize_model
 

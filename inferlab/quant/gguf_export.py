@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.gguf_loader import LAYER_NAMES, pre_tokenizer_name
+from inferlab.model.gguf_loader import LAYER_NAMES, pre_tokenizer_name
 from inferlab.quant.checkpoint import atomic_folder
 from inferlab.quant.base import QuantLinear
 from inferlab.quant.ggml import GGMLLinear

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inferlab.linear import replace_linears
+from inferlab.model.linear import replace_linears
 from inferlab.quant import awq, calibration
 from inferlab.quant.base import QuantizationError, QuantLinear
 from inferlab.quant.ggml import BLOCKS, GGMLLinear

@@ -4,7 +4,7 @@
     streams.py       outputs on their way out: one-slot request streams, their merge, SSE
     protocol.py      OpenAI's request/response bodies (pydantic)
     serving.py       /v1/completions and /v1/chat/completions: prompts in, JSON or SSE out
-    chat.py          where inferlab.chat used to live (chat templates belong to the model's tokenizer)
+    chat.py          where inferlab.model.chat used to live (chat templates belong to the model's tokenizer)
     metrics.py       /metrics in Prometheus format, under vLLM's metric names
     limits.py        what is refused before any work: size caps, the API key, a full queue (429)
     api_server.py    the FastAPI app: routes, OpenAI-style errors, client disconnects

@@ -1,7 +1,7 @@
 """``inferlab serve``: an OpenAI-compatible HTTP server on the engine (FastAPI + uvicorn, as vLLM).
 
     POST /v1/completions         prompt -> text, streamed as server-sent events with "stream": true
-    POST /v1/chat/completions    messages -> reply (the model's chat template, see inferlab/chat.py)
+    POST /v1/chat/completions    messages -> reply (the model's chat template, see inferlab/model/chat.py)
     GET  /v1/models              the served model
     GET  /health                 200 while the engine loop runs, 503 after it died
     GET  /metrics                Prometheus text format, vLLM's metric names (metrics.py)
@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferlab.chat import ChatTemplate
+from inferlab.model.chat import ChatTemplate
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine, EngineDeadError
 from inferlab.serve.limits import ApiKeyCheck, BodySizeLimit, QueueFullError, ServerLimits

@@ -27,7 +27,7 @@ def make_app(model: str = "target", served_model_name: str | None = None, limits
     """Load ``model`` into an ``LLM`` (``llm_kwargs``: device, dtype and the engine's knobs) and
     return the ASGI app that serves it, refusing what ``limits`` caps."""
     from inferlab.llm import LLM
-    from inferlab.loader import resolve_model_path
+    from inferlab.model.loader import resolve_model_path
 
     llm = LLM(model=model, **llm_kwargs)
     folder = resolve_model_path(model)

@@ -24,8 +24,8 @@ import contextlib
 import time
 from typing import AsyncIterator
 
-from inferlab.chat import Chat, ChatTemplate, ChatTemplateError
-from inferlab.context import ContextLengthError, fit_max_tokens
+from inferlab.model.chat import Chat, ChatTemplate, ChatTemplateError
+from inferlab.model.context import ContextLengthError, fit_max_tokens
 from inferlab.outputs import RequestOutput
 from inferlab.serve import protocol as P
 from inferlab.serve.async_engine import AsyncLLMEngine
@@ -108,7 +108,7 @@ class OpenAIServing:
             self.num_admitting -= 1
 
     def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
-        try:  # the rule lives in inferlab/context.py; the server refuses what does not fit
+        try:  # the rule lives in inferlab/model/context.py; the server refuses what does not fit
             return fit_max_tokens(requested, prompt_len, min(self.max_model_len, self.pool_slots), strict=True,
                                   context_name="model's context")
         except ContextLengthError as err:

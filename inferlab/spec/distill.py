@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from inferlab.loader import ASSETS, load_checkpoint, save_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint, save_checkpoint
 from inferlab.train import RECIPES, get_batch, lr_at, make_optimizer, prepare_data
 
 log = logging.getLogger("inferlab.distill")

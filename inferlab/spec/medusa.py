@@ -31,7 +31,7 @@ from torch import nn
 
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
-from inferlab.loader import ASSETS
+from inferlab.model.loader import ASSETS
 
 
 class ResBlock(nn.Module):

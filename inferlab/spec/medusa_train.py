@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from inferlab.errors import InferlabError
-from inferlab.loader import ASSETS, load_checkpoint, resolve_model_path
+from inferlab.model.loader import ASSETS, load_checkpoint, resolve_model_path
 from inferlab.spec.medusa import MedusaHeads, capture_hidden, heads_folder_for, save_heads
 from inferlab.train import get_batch, prepare_data
 

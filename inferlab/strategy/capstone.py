@@ -74,7 +74,7 @@ class Models:
     def get(self, name: str, quantization: str | None):
         key = (name, quantization)
         if key not in self._models:
-            from inferlab.loader import load_checkpoint
+            from inferlab.model.loader import load_checkpoint
 
             model, tok = load_checkpoint(name, device=self.device)
             if quantization is not None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from inferlab import moe, roofline
+from inferlab import roofline
+
+from inferlab.model import moe
 from inferlab.viz.figures import Live, LiveFigure, escape, style
 
 # Mixtral-8x7B (Jiang et al. 2024): 32 layers of 8 experts (3 x 4096 x 14336 each), top-2

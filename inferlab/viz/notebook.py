@@ -53,8 +53,8 @@ def demo_model(name: str = "target") -> str:
 def tiny_random_model(folder: str | os.PathLike | None = None, seed: int = 0) -> Path:
     """Write (once) a random Llama with the embedded target's shape (6 layers, width 256, GQA 8:2)
     but a 512-entry vocabulary, in HF format, and return its folder (~4.6M parameters)."""
-    from inferlab.config import ModelConfig
-    from inferlab.loader import save_checkpoint
+    from inferlab.model.config import ModelConfig
+    from inferlab.model.loader import save_checkpoint
     from inferlab.model import CausalLM
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferlab"
@@ -81,6 +81,6 @@ def _train_tiny_tokenizer(vocab_size: int):
     import json as json_mod
     import textwrap as textwrap_mod
 
-    from inferlab.tokenizer import train_bpe
+    from inferlab.model.tokenizer import train_bpe
 
     return train_bpe([inspect.getsource(m) for m in (json_mod, textwrap_mod, random)], vocab_size, min_frequency=0)

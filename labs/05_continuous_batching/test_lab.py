@@ -9,7 +9,7 @@ from inferlab.engine import BlockManager, EngineConfig, LLMEngine
 from inferlab.engine.policy import ContinuousPolicy as ReferencePolicy
 from inferlab.engine.request import EngineSequence
 from inferlab.engine.scheduler import Scheduler, SchedulerOutput
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 
 lab = labkit.implementation(__file__, reference="inferlab.engine.policy",

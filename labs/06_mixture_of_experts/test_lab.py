@@ -1,14 +1,14 @@
 """Graded tests for lab 06. `inferlab grade labs/06_mixture_of_experts` runs them against
-starter.py; with --reference they run against inferlab.moe, the reference solution. The
+starter.py; with --reference they run against inferlab.model.moe, the reference solution. The
 expected values come from transformers' Mixtral (router, load-balancing loss, sparse MoE block)."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferlab import labkit
-from inferlab import moe as reference
+from inferlab.model import moe as reference
 
-lab = labkit.implementation(__file__, reference="inferlab.moe", functions={
+lab = labkit.implementation(__file__, reference="inferlab.model.moe", functions={
     "route": "route", "expert_load": "expert_load", "load_balancing_loss": "load_balancing_loss",
     "moe_forward": "sparse_moe_forward"})
 

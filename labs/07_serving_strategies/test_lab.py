@@ -111,7 +111,7 @@ def test_choose_route_threshold_small_cases():
 @pytest.fixture(scope="module")
 def workloads():
     """Code requests scored by the embedded pair (draft = small, target = large): train and held out."""
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
     from inferlab.strategy import router as R
 
     small, tok = load_checkpoint("draft", device="cpu")

@@ -180,7 +180,7 @@ def test_target_embedding_and_mlp_match_tp1(tmp_path):
     (SwiGLU, 256 -> 768 -> 256), sharded as the engine shards them."""
     from safetensors import safe_open
 
-    from inferlab.loader import resolve_model_path
+    from inferlab.model.loader import resolve_model_path
 
     with safe_open(str(resolve_model_path("target") / "model.safetensors"), "pt") as f:
         w = {k: f.get_tensor(f"model.{n}.weight").float() for k, n in

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer
 
-from inferlab.loader import ASSETS
+from inferlab.model.loader import ASSETS
 
 IM_START, IM_END = 4096, 4097
 CHATML = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -73,7 +73,7 @@ TEXT = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
 
 def save_with_tokenizer(folder: Path):
     """A tiny Llama plus a byte-level BPE tokenizer.json (end-of-text id 0)."""
-    from inferlab.tokenizer import train_bpe
+    from inferlab.model.tokenizer import train_bpe
 
     tok = train_bpe(TEXT * 20, vocab_size=300, min_frequency=0).hf
     model = hf_model("llama", num_key_value_heads=2, vocab_size=tok.get_vocab_size(),

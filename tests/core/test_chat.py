@@ -8,10 +8,10 @@ import pytest
 from tokenizers import AddedToken
 
 from inferlab import LLM, SamplingParams
-from inferlab.chat import Chat, ChatTemplate, ChatTemplateError
+from inferlab.model.chat import Chat, ChatTemplate, ChatTemplateError
 from inferlab.cli import main
-from inferlab.loader import ASSETS
-from inferlab.tokenizer import Tokenizer
+from inferlab.model.loader import ASSETS
+from inferlab.model.tokenizer import Tokenizer
 
 from .chat_folder import CHATML, IM_END, make_chat_folder, make_chat_model
 

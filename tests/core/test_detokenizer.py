@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.sequence import Sequence
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from inferlab import roofline
-from inferlab.gqa import kv_bytes_per_token, max_seqs_in_budget, mean_pool_kv_heads
-from inferlab.loader import load_checkpoint, save_checkpoint
+from inferlab.model.gqa import kv_bytes_per_token, max_seqs_in_budget, mean_pool_kv_heads
+from inferlab.model.loader import load_checkpoint, save_checkpoint
 
 from .checkpoints import VOCAB, save_variant
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inferlab.errors import CheckpointError
-from inferlab.loader import load_checkpoint, save_checkpoint
+from inferlab.model.loader import load_checkpoint, save_checkpoint
 
 from .checkpoints import save_variant
 

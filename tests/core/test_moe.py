@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from inferlab import moe
-from inferlab.loader import load_checkpoint, save_checkpoint
+from inferlab.model import moe
+from inferlab.model.loader import load_checkpoint, save_checkpoint
 
 from .checkpoints import VOCAB, save_variant
 

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from inferlab.loader import load_checkpoint, save_checkpoint
-from inferlab.packing import pack_projections
+from inferlab.model.loader import load_checkpoint, save_checkpoint
+from inferlab.model.packing import pack_projections
 from inferlab.quant import quantize_model
 
 

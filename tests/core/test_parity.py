@@ -7,7 +7,7 @@ import torch
 from inferlab import LLM, SamplingParams
 from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 
 from .checkpoints import VARIANTS, VOCAB, save_variant
 

@@ -6,7 +6,7 @@ import torch
 
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ def test_run_offline_both_policies(tmp_path):
     from core.checkpoints import save_with_tokenizer
 
     from inferlab.generate import generate
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
     from inferlab.sampling import SamplingParams
 
     from .conftest import same_greedy

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.context import ContextLengthError, fit_max_tokens, tokens_after_prompt
+from inferlab.model.context import ContextLengthError, fit_max_tokens, tokens_after_prompt
 from inferlab.generate import generate
 from inferlab.sampling import SamplingParams
 

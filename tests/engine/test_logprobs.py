@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inferlab.engine import llm_engine
-from inferlab.loader import ASSETS
+from inferlab.model.loader import ASSETS
 from inferlab.logprobs import Logprob
 from inferlab.sampling import RequestOutputKind, SamplingParams, filter_logits
 

@@ -12,7 +12,7 @@ from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache, PagedKVCache
 from inferlab.engine import BlockManager
 from inferlab.engine.model_runner import ModelRunner, SeqInput
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 
 from core.checkpoints import VOCAB, save_variant
 

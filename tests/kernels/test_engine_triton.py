@@ -9,7 +9,7 @@ import torch
 from inferlab import LLM, SamplingParams
 from inferlab.attention import TritonBackend, get_backend
 from inferlab.generate import generate
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from tests.core.checkpoints import VOCAB, save_variant
 from tests.kernels.conftest import DEVICE
 

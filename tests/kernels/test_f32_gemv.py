@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.linear import Linear, default_linear
+from inferlab.model.linear import Linear, default_linear
 from inferlab.quant import f32
 
 needs_loop = pytest.mark.skipif(f32.loop() is None, reason="no C compiler or no vector build for this CPU")

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from inferlab import cli
-from inferlab.loader import ASSETS
+from inferlab.model.loader import ASSETS
 
 
 def run_cli(capsys, *argv) -> str:

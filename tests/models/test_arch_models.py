@@ -5,8 +5,10 @@ import os
 import pytest
 import torch
 
-from inferlab import moe, train
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab import train
+
+from inferlab.model import moe
+from inferlab.model.loader import ASSETS, load_checkpoint
 
 from .conftest import run_json
 

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint
 
 from .conftest import run_json
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 from inferlab.eval.ppl import evaluate, windows
 from inferlab.model import CausalLM
 

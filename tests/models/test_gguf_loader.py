@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from inferlab.errors import CheckpointError
-from inferlab.gguf_loader import hf_folder, unpermute_rope
-from inferlab.loader import load_checkpoint
-from inferlab.linear import Linear
+from inferlab.model.gguf_loader import hf_folder, unpermute_rope
+from inferlab.model.loader import load_checkpoint
+from inferlab.model.linear import Linear
 from inferlab.quant import quantize_model
 from inferlab.quant.gguf_export import rope_permute, write_gguf
 from inferlab.quant.ggml import GGMLLinear
@@ -124,7 +124,7 @@ def test_tensor_type_without_a_loader(tmp_path):
 def test_missing_real_model_says_what_to_install(monkeypatch):
     import importlib.metadata
 
-    from inferlab import loader
+    from inferlab.model import loader
 
     def missing(dist):
         raise importlib.metadata.PackageNotFoundError(dist)
@@ -188,8 +188,8 @@ def test_every_tensor_type_loads_as_gguf_decodes_it(tmp_path, target, ids):
 
 
 def test_a_saved_folder_keeps_the_chat_template(tmp_path, target):
-    from inferlab.chat import ChatTemplate
-    from inferlab.loader import save_checkpoint
+    from inferlab.model.chat import ChatTemplate
+    from inferlab.model.loader import save_checkpoint
     model, tok = load_checkpoint("target", device="cpu")
     tok.chat_template = ChatTemplate("{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}",
                                      {"eos_token": "<|endoftext|>"})

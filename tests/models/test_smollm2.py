@@ -100,7 +100,7 @@ def test_quantize_to_gguf_round_trips(tmp_path, smollm2_file, smollm2_stored, sm
     """`inferlab quantize --format gguf` on the real model: the file loads back block for block, with
     its tokenizer (pre-tokenizer `smollm`) and chat template, and llama.cpp runs it."""
     from inferlab import cli
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
     from inferlab.quant.ggml import quantize_q8_0
 
     assert cli.main(["quantize", "--model", "smollm2", "--method", "q8_0", "--format", "gguf",

@@ -4,7 +4,7 @@ import json
 import os
 
 from inferlab import train
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.parallel import TensorParallelError
 from inferlab.parallel.loader import load_shard
 
@@ -59,7 +59,7 @@ def test_indivisible_heads_are_refused():
 def test_wrong_full_shape_is_caught_before_cutting(tmp_path):
     from safetensors.torch import load_file, save_file
     from inferlab.errors import CheckpointError
-    from inferlab.loader import ASSETS
+    from inferlab.model.loader import ASSETS
     folder = tmp_path / "bad"
     shutil.copytree(ASSETS / "mqa", folder)
     tensors = load_file(folder / "model.safetensors")
@@ -72,7 +72,7 @@ def test_wrong_full_shape_is_caught_before_cutting(tmp_path):
 
 def test_each_rank_packs_its_own_shards():
     """Packing runs after loading, so a rank stacks its q/k/v (gate/up) slices into one GEMM."""
-    from inferlab.packing import pack_projections
+    from inferlab.model.packing import pack_projections
     for m in shards("target"):
         attn = m.model.layers[0].self_attn
         x = torch.randn(1, 4, m.config.hidden_size)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.engine.model_runner import SeqInput
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.parallel.layers import column_parallel_forward, row_parallel_forward
 from inferlab.parallel.loader import load_shard
 

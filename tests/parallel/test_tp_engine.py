@@ -7,7 +7,7 @@ import torch
 
 from inferlab import LLM
 from inferlab.engine.model_runner import SeqInput
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 
 PROMPT = [5, 77, 301, 12, 4000, 9, 64, 1023, 7, 3, 250, 18, 99, 2048, 33, 1, 600, 42]  # 18 tokens: 2 blocks

@@ -10,7 +10,7 @@ import torch
 
 from inferlab import LLM
 from inferlab.engine.model_runner import SeqInput
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.parallel import TensorParallelError
 from inferlab.parallel.loader import load_shard
 

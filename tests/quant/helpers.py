@@ -1,7 +1,7 @@
 """A tiny random Llama whose dimensions every method accepts (Q4_K needs multiples of 256)."""
 import torch
 
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 from inferlab.model import CausalLM
 
 CONFIG = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.linear import replace_linears
-from inferlab.loader import load_checkpoint
+from inferlab.model.linear import replace_linears
+from inferlab.model.loader import load_checkpoint
 from inferlab.quant import QuantLinear, quantize_model, save_quantized
 from inferlab.quant.int4 import Int4Linear
 

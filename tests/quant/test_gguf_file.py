@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferlab.eval import ppl as ppl_eval
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.quant import quantize_model
 from inferlab.quant.gguf_export import rope_permute, write_gguf
 

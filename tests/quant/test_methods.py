@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.quant import QuantizationError, awq, calibration, quantize_model
 from inferlab.quant.gptq import HessianAccumulator, gptq_quantize
 from inferlab.quant.int4 import dequantize_int4, pack_int4, quantize_int4

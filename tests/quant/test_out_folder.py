@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from inferlab import cli
-from inferlab.loader import ASSETS, load_checkpoint, save_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint, save_checkpoint
 from inferlab.quant.checkpoint import MANIFEST
 
 from .helpers import tiny_model

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.quant import QuantizationError, QuantLinear, quantize_model, save_quantized
 from inferlab.quant.ggml import GGMLLinear
 from inferlab.quant.int4 import Int4Linear

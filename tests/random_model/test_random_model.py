@@ -2,10 +2,10 @@
 import torch
 from safetensors.torch import load_file
 
-from inferlab import random_model
-from inferlab.config import ModelConfig
+from inferlab.model import random_model
+from inferlab.model.config import ModelConfig
 from inferlab.llm import LLM
-from inferlab.loader import ASSETS, load_config
+from inferlab.model.loader import ASSETS, load_config
 from inferlab.model import CausalLM
 from inferlab.sampling import SamplingParams
 

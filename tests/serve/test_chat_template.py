@@ -1,5 +1,5 @@
 """Chat prompts: a folder's own chat template renders as transformers' ``apply_chat_template``, and
-the server prompts and stops as ``LLM.chat`` does (one path, ``inferlab.chat``)."""
+the server prompts and stops as ``LLM.chat`` does (one path, ``inferlab.model.chat``)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from inferlab import LLM, SamplingParams
-from inferlab.chat import ChatTemplate
-from inferlab.loader import resolve_model_path
+from inferlab.model.chat import ChatTemplate
+from inferlab.model.loader import resolve_model_path
 from inferlab.serve.launcher import ServerThread, make_app
 from tests.core.chat_folder import IM_END, make_chat_model
 

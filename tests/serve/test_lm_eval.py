@@ -11,7 +11,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from inferlab.loader import ASSETS  # noqa: E402
+from inferlab.model.loader import ASSETS  # noqa: E402
 
 # a code model's multiple choice: which continuation is the code (the answer is choice `answer`)
 CHOICES = [

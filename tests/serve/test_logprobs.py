@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inferlab.llm import LLM
-from inferlab.loader import ASSETS
+from inferlab.model.loader import ASSETS
 from inferlab.sampling import SamplingParams
 
 PROMPT = "def fibonacci(n):"

@@ -22,7 +22,7 @@ def test_bench_spec_small_run():
 def test_engine_table_small_run():
     """The engine's batch table: every row's outputs equal the engine without speculation, the
     counters give an acceptance rate in [0, 1], and accepted guesses save verify steps."""
-    from inferlab.loader import load_checkpoint
+    from inferlab.model.loader import load_checkpoint
 
     model, tok = load_checkpoint("target", device="cpu")
     heads = (spec.heads_folder_for("target"), 4)

@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint
 from inferlab.spec.distill import distill_loss, ship
 
 

@@ -13,7 +13,7 @@ import torch
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.spec_decode import verify
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint
 from inferlab.sampling import SamplingParams, make_generator
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.errors import InferlabError
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.spec.medusa import MedusaHeads, capture_hidden, heads_folder_for, load_heads, save_heads
 from inferlab.spec.medusa_train import head_losses

@@ -29,8 +29,8 @@ def test_no_match_proposes_nothing_and_the_end_truncates():
 
 
 def test_on_real_text_the_guesses_are_what_followed():
-    from inferlab.tokenizer import Tokenizer
-    from inferlab.loader import resolve_model_path
+    from inferlab.model.tokenizer import Tokenizer
+    from inferlab.model.loader import resolve_model_path
 
     tok = Tokenizer.from_file(resolve_model_path("target") / "tokenizer.json")
     ids = tok.encode("def area(width, height):\n    return width * height\n\nprint(area(width")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferlab.generate import generate
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.spec import NgramProposer
 from inferlab.spec.reference import DraftModelProposer, speculative_generate

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from inferlab.engine import EngineConfig, LLMEngine
-from inferlab.loader import load_checkpoint
+from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.strategy import priority as P
 

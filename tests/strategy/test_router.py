@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from inferlab.loader import ASSETS, load_checkpoint
+from inferlab.model.loader import ASSETS, load_checkpoint
 from inferlab.strategy import router as R
 
 

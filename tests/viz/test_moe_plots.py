@@ -8,8 +8,10 @@ pytest.importorskip("ipywidgets")
 
 import plotly.graph_objects as go  # noqa: E402
 
-from inferlab import moe, roofline  # noqa: E402
-from inferlab.loader import ASSETS, load_checkpoint  # noqa: E402
+from inferlab import roofline  # noqa: E402
+
+from inferlab.model import moe
+from inferlab.model.loader import ASSETS, load_checkpoint  # noqa: E402
 from inferlab.viz import moe_plots  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """A thin wrapper over HF ``tokenizers`` (tokenizer.json): encode, decode, special ids, and the
-model's chat template (``chat_template``, see ``inferlab.chat``)."""
+model's chat template (``chat_template``, see ``inferlab.model.chat``)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer as _HFTokenizer
 
 if TYPE_CHECKING:
-    from inferlab.chat import ChatTemplate
+    from inferlab.model.chat import ChatTemplate
 
 EOT = "<|endoftext|>"  # the end-of-text token: separates documents, ends a generation
 

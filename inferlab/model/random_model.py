@@ -26,7 +26,7 @@ SHAPES = {
 SEED = 0
 NOTE = ("Random weights (normal, std 0.02, seed {seed}) in the shape of a small Llama, with the embedded target's "
         "tokenizer. Its text is noise and its perplexity is meaningless: it exists to time decoding on a model "
-        "too large for the CPU's caches. Built by inferlab.random_model; do not commit it.\n")
+        "too large for the CPU's caches. Built by inferlab.model.random_model; do not commit it.\n")
 
 
 def is_random_model(name_or_path: str | os.PathLike) -> bool:
@@ -54,11 +54,11 @@ def build(name: str, folder: Path) -> Path:
 
     from safetensors.torch import save_file
 
-    from inferlab.config import ModelConfig
+    from inferlab.model.config import ModelConfig
     from inferlab.folders import atomic_folder
     from inferlab.model import CausalLM
 
-    target = Path(__file__).parent / "assets" / "models" / "target"
+    target = Path(__file__).parents[1] / "assets" / "models" / "target"
     raw = ModelConfig.from_file(target / "config.json").to_hf_dict()  # vocabulary, special tokens, norms, RoPE
     raw.update(SHAPES[name], tie_word_embeddings=True, torch_dtype="float32")
     model = CausalLM(ModelConfig.from_dict(raw))

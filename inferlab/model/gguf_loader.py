@@ -22,7 +22,7 @@ Q8_0, Q4_1, Q4_K ...). Reading it takes three translations, all done here with l
   token instead of 113 MB in fp32).
 - ``"none"``: every tensor dequantized to fp32, the baseline the lessons compare against. The
   result is written once as an ordinary HF folder under ``~/.cache/inferlab/gguf/<hash>``
-  (:func:`hf_folder`), which ``inferlab.loader`` then reads like any other (so can transformers
+  (:func:`hf_folder`), which ``inferlab.model.loader`` then reads like any other (so can transformers
   and tensor-parallel ranks).
 - a method (``"int8"``, ``"q4_k"`` ...): ``LLM`` re-quantizes the fp32 weights with it.
 """
@@ -37,11 +37,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 from inferlab.errors import CheckpointError, InferlabError
 from inferlab.folders import atomic_folder, cache_dir
-from inferlab.linear import default_linear
-from inferlab.tokenizer import Tokenizer
+from inferlab.model.linear import default_linear
+from inferlab.model.tokenizer import Tokenizer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # general.architecture -> the HF class it matches
 #: llama.cpp's per-layer tensor names -> the HF module names (the GGUF writer uses it inverted)
@@ -178,7 +178,7 @@ def read_tokenizer(reader, path: Path, config: ModelConfig) -> Tokenizer:
     tokenizer = Tokenizer(hf, tuple(dict.fromkeys(eos)), bos)
     template = _field(reader, "tokenizer.chat_template", None)
     if template is not None:
-        from inferlab.chat import ChatTemplate, special_tokens_of
+        from inferlab.model.chat import ChatTemplate, special_tokens_of
         tokenizer.chat_template = ChatTemplate(template, special_tokens_of(tokenizer))
     return tokenizer
 
@@ -281,7 +281,7 @@ def _read(path: Path, as_stored: bool):
 
 
 def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
-    """The pieces of a GGUF model with its blocks as stored, for ``inferlab.loader`` to assemble:
+    """The pieces of a GGUF model with its blocks as stored, for ``inferlab.model.loader`` to assemble:
     (the model built on the meta device, its tensors, the names it expects, the names the file has
     beyond them, the tokenizer)."""
     from inferlab.model import CausalLM

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.config import ModelConfig
-from inferlab.linear import LinearFactory
+from inferlab.model.config import ModelConfig
+from inferlab.model.linear import LinearFactory
 
 
 def route(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from inferlab.config import ModelConfig
+from inferlab.model.config import ModelConfig
 from inferlab.model import CausalLM
 
 

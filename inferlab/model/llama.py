@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2; Mixtral with ``inferlab.moe``) in one file.
+"""A Llama-family decoder (Llama, Mistral, Qwen2; Mixtral with ``inferlab.model.moe``) in one file.
 
     tokens -> embed -> N x [RMSNorm -> attention (RoPE, GQA) -> + -> RMSNorm -> SwiGLU MLP -> +]
            -> RMSNorm -> lm_head -> logits
@@ -7,7 +7,7 @@ Parameter names match HF transformers, so checkpoints load either way. Two seams
 technique of the course outside this file:
 - the *attention backend* (``inferlab.attention``) decides where K/V are cached and how
   attention is computed (torch SDPA, paged cache, Triton kernels);
-- the *linear factory* (``inferlab.linear``) builds every projection, so quantized linears
+- the *linear factory* (``inferlab.model.linear``) builds every projection, so quantized linears
   drop in without touching the model.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from torch import nn
 
 from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttentionMetadata, TorchSDPABackend,
                                 attention_mask)
-from inferlab.config import ModelConfig
-from inferlab.linear import LinearFactory, default_linear
-from inferlab.moe import SparseMoeBlock
-from inferlab.packing import use_packed
-from inferlab.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from inferlab.model.config import ModelConfig
+from inferlab.model.linear import LinearFactory, default_linear
+from inferlab.model.moe import SparseMoeBlock
+from inferlab.model.packing import use_packed
+from inferlab.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
 class RMSNorm(nn.Module):
