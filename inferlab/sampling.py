@@ -11,6 +11,8 @@ import enum
 
 import torch
 
+from inferlab.structured import StructuredOutputsParams
+
 
 class RequestOutputKind(enum.IntEnum):
     """What each of a request's outputs carries (vLLM's names). CUMULATIVE: the text and token ids
@@ -35,6 +37,8 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logprobs: int | None = None         # each generated token's log-prob and the top N (inferlab.logprobs)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (None for the first)
+    # a grammar the output must follow (inferlab.structured): JSON schema, regex, choice, EBNF, any JSON object
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -57,6 +61,7 @@ class SamplingParams:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

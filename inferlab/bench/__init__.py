@@ -13,6 +13,7 @@ BENCHES = {
     "serve": ("inferlab.bench.serve", "continuous vs static batching on one workload; --url: any OpenAI server"),
     "spec": ("inferlab.bench.spec", "speculative decoding at batch 1: measured vs predicted speedup (n-gram, draft)"),
     "gqa": ("inferlab.bench.gqa", "MHA vs GQA vs MQA: KV bytes, sequences per KV budget, decode speed, perplexity"),
+    "structured": ("inferlab.bench.structured", "structured outputs on smollm2: grammar mask cost per token (xgrammar, llguidance), JSON answers"),
     "tp": ("inferlab.bench.tp", "tensor parallelism: decode step at TP=1 vs TP=2, all-reduces per step, load memory per rank"),
 }
 

@@ -34,6 +34,7 @@ from inferlab.engine.spec_decode import make_proposers, propose, verify
 from inferlab.logprobs import log_probs, token_logprobs
 from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
 from inferlab.spec.medusa import capture_hidden
+from inferlab.structured import StructuredOutputs
 
 
 class LLMEngine:
@@ -52,6 +53,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache, compile_decode=not c.enforce_eager and self.medusa is None)
         self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.eos_token_ids = tuple(model.config.eos_token_ids)
+        # grammars of constrained requests: compiled when added, a bitmask on the logits before sampling
+        self.structured = StructuredOutputs(tokenizer, model.config.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generation_tokens": 0,
@@ -102,6 +105,7 @@ class LLMEngine:
         if len(ids) + params.max_tokens > pool:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) tokens exceed the whole KV "
                              f"pool of {pool} slots (num_kv_blocks x block_size): raise num_kv_blocks or lower max_tokens")
+        self.structured.check(params)  # a grammar that cannot compile fails here, not in a step
         metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
         req = Request(request_id, text, ids, params, [], metrics, stream=stream, priority=priority,
@@ -173,6 +177,7 @@ class LLMEngine:
             logits = logits[:starts[-1]]
         ready = [j for j, s in enumerate(out.scheduled)  # its own tokens all computed: sample the next
                  if s.seq.num_computed_tokens + s.num_committed == s.seq.num_tokens]
+        self.structured.apply(out, ready, logits, starts)  # constrained rows: forbidden tokens to -inf
         emitted = verify(out, ready, logits, starts, draft_probs, self.counters, self.rejection_sampler)
         scored = self._sample_logprobs(out, ready, emitted, logits, starts)  # {} unless a request asked
         # K/V written: computed counts advance over kept tokens, rejected guesses roll back, full blocks named
@@ -218,6 +223,8 @@ class LLMEngine:
             seq.logprobs.append(logprob)
             seq.cumulative_logprob += logprob[token].logprob
         seq.append_token(token, self.eos_token_ids, self.tokenizer)
+        if seq.params.structured_outputs is not None and self.structured.accept(seq, token) and not seq.is_finished:
+            seq._finish("stop")  # the grammar is complete and allows nothing more
         req = self.requests[seq.request_id]
         m = req.metrics
         if m.first_token_time is None:
