@@ -14,6 +14,12 @@ step ratio beside the tokens/s ratio, and fits every step's time to a fixed part
 sequence and a part per prompt token (``step_costs``). ``--model target,random-80m`` adds a row
 for a model large enough that reading its weights dominates a step, as on a real deployment.
 
+That first comparison gives both policies the same ``max_num_seqs`` (the scheduling gain alone).
+The second (``kv_budget.py``) gives every system the same KV memory instead, as the vLLM paper does
+(Fig. 12-13): static batches that reserve ``max_model_len`` (Orca-Max) or the next power of two
+(Orca-Pow2) per request against paged continuous batching (vLLM), on ShareGPT-shaped lengths
+scaled down by 8, with the average batch each system reached beside its tokens/s.
+
 With ``--url http://HOST:PORT`` the same workload is sent instead to a running OpenAI-compatible
 server (``inferlab serve``, vLLM, SGLang) and timed from the client (``serve_client.py``).
 """
@@ -29,7 +35,7 @@ from collections import deque
 
 import torch
 
-from inferlab.bench.stats import decode_step_seconds, percentile, step_costs
+from inferlab.bench.stats import decode_step_seconds, mean_decode_batch, percentile, step_costs
 from inferlab.cli import HelpFormatter, add_quantization_argument
 from inferlab.llm import LLM
 from inferlab.sampling import SamplingParams
@@ -153,7 +159,8 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
     records = c["records"] + st["records"]
     return {"requests": num_requests, "completed": completed,
             "static_tokens_per_s": st["output_tokens_per_s"], "continuous_tokens_per_s": c["output_tokens_per_s"],
-            "continuous_over_static_tokens_per_s": tokens_ratio, "static_over_continuous_steps": step_ratio,
+            "continuous_over_static_tokens_per_s": tokens_ratio,
+            "continuous_mean_batch": mean_decode_batch(c["records"]), "static_mean_batch": mean_decode_batch(st["records"]), "static_over_continuous_steps": step_ratio,
             "tokens_ratio_over_step_ratio": tokens_ratio / step_ratio,
             "ttft_p50_s": c["ttft_p50_s"], "ttft_p99_s": c["ttft_p99_s"], "tpot_p50_s": c["tpot_p50_s"],
             "preemptions": c["num_preemptions"], "prefix_hit_rate": c["prefix_hit_rate"],
@@ -165,8 +172,9 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
             "continuous": c, "static": st}
 
 
-#: The goals the report checks: continuous over static tokens/s, and that ratio over the step ratio.
-GOALS = {"continuous_over_static_tokens_per_s": 3.0, "tokens_ratio_over_step_ratio": 0.8}
+#: The goals the report checks at the same max_num_seqs: continuous over static tokens/s, and that
+#: ratio over the step ratio (under the same KV memory: ``kv_budget.GOAL``).
+GOALS = {"continuous_over_static_tokens_per_s": 2.0, "tokens_ratio_over_step_ratio": 0.8}
 
 
 def main(argv: list[str]) -> int:
@@ -185,6 +193,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=3, help="offline: best of this many runs per policy")
     p.add_argument("--seed", type=int, default=0, help="seed of the workload (prompts, lengths, arrivals)")
     p.add_argument("--device", default=None, help="offline: cpu or cuda (default: cuda when available)")
+    p.add_argument("--compare", choices=("both", "slots", "memory"), default="both",
+                   help="offline: slots: the same max_num_seqs for both policies; memory: the same KV memory for "
+                        "Orca-Max, Orca-Pow2 and vLLM (ShareGPT lengths / 8); both")
+    p.add_argument("--kv-budget-tokens", type=int, default=None,
+                   help="offline, memory: the KV budget in tokens (default: 16 sequences of the workload's mean "
+                        "length in whole blocks, 1024)")
+    p.add_argument("--kv-budget-mb", type=float, default=None,
+                   help="offline, memory: the KV budget in MB (10^6 bytes) of fp32 K and V, instead")
+    p.add_argument("--memory-requests", type=int, default=None,
+                   help="offline, memory: requests in the ShareGPT-shaped workload (default: --num-requests)")
     add_quantization_argument(p, "offline: ")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
@@ -197,22 +215,74 @@ def main(argv: list[str]) -> int:
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     if not models:
         p.error("--model needs at least one model name")
-    reports = [compare_policies(m, args.num_requests, args.max_num_seqs, args.seed, args.device, args.request_rate,
-                                not args.no_prefix_caching, args.repeats, args.num_kv_blocks, args.quantization)
-               for m in models]
+    if args.kv_budget_tokens is not None and args.kv_budget_mb is not None:
+        p.error("give the KV budget once: --kv-budget-tokens or --kv-budget-mb")
+    reports = []
+    for m in models:
+        r = {"model": m}
+        if args.compare in ("both", "slots"):
+            r = compare_policies(m, args.num_requests, args.max_num_seqs, args.seed, args.device, args.request_rate,
+                                 not args.no_prefix_caching, args.repeats, args.num_kv_blocks, args.quantization)
+        if args.compare in ("both", "memory"):
+            r["same_memory"] = _same_memory(m, args, p)
+        reports.append(r)
     if args.json:
         clean = [_without_records(r) for r in reports]
         print(json.dumps(_rounded(clean[0] if len(clean) == 1 else {"models": clean})))
         return 0
+    if args.compare in ("both", "slots"):
+        _print_slots(reports)
+    if args.compare in ("both", "memory"):
+        for r in reports:
+            _print_memory(r["same_memory"])
+    return 0
+
+
+def _same_memory(model: str, args, p) -> dict:
+    """The same-KV-memory comparison for ``model``, its budget from the flags (MB through the model's KV bytes per token)."""
+    from inferlab.bench.kv_budget import compare_memory, kv_bytes_per_token, model_config
+
+    budget = args.kv_budget_tokens
+    if args.kv_budget_mb is not None:
+        budget = int(args.kv_budget_mb * 1e6 // kv_bytes_per_token(model_config(model)))
+    try:
+        return compare_memory(model, args.memory_requests or args.num_requests, args.seed, budget,
+                              min(args.repeats, 2), args.device)
+    except ValueError as e:
+        p.error(str(e))
+
+
+def _print_memory(m: dict) -> None:
+    w = m["workload"]
+    print(f"same KV memory: {m['kv_budget_tokens']} tokens ({m['kv_budget_mb']:.1f} MB at "
+          f"{m['kv_bytes_per_token'] / 1e3:.1f} kB per token), {m['requests']} requests of ShareGPT lengths divided by "
+          f"{m['scale']} (mean {w['mean_prompt_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out, max_model_len "
+          f"{w['max_model_len']}), best of {m['repeats']}")
+    print(f"{'model':<12}{'system':<11}{'reserves':<19}{'tokens/s':>10}{'vLLM is':>9}{'batch':>7}{'formed':>8}"
+          f"{'steps':>7}{'preempt':>8}")
+    v = m["systems"]["vLLM"]
+    for name, x in m["systems"].items():
+        ratio = f"{v['over_' + name]:.2f}x" if name != "vLLM" else "1.00x"
+        formed = f"{x['mean_batch_formed']:.1f}" if x["mean_batch_formed"] is not None else "-"
+        print(f"{m['model']:<12}{name:<11}{x['reservation']:<19}{x['output_tokens_per_s']:>10.1f}{ratio:>9}"
+              f"{x['mean_batch']:>7.1f}{formed:>8}{x['num_steps']:>7}{x['preemptions']:>8}")
+    print(f"  (batch: sequences decoding per step; formed: sequences per static batch; Orca-Max fits "
+          f"{m['max_sequences_orca_max']})")
+    held = "met" if m["goal_met"] else "MISSED"
+    print(f"  goal vLLM / Orca-Max tokens/s >= {m['goal_vllm_over_orca_max']}: {m['vllm_over_orca_max']:.2f} {held}")
+
+
+def _print_slots(reports: list[dict]) -> None:
     r = reports[0]
     print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, rate {r['request_rate']}/s, "
           f"best of {r['repeats']}, {r['threads']} threads")
-    print(f"{'model':<12}{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}")
+    print(f"{'model':<12}{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}{'batch':>7}")
     for r in reports:
         for name in ("continuous", "static"):
             x = r[name]
             print(f"{r['model']:<12}{name:<12}{x['output_tokens_per_s']:>10.1f}{x['requests_per_s']:>8.2f}"
-                  f"{x['ttft_p50_s']:>10.3f}{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}")
+                  f"{x['ttft_p50_s']:>10.3f}{x['tpot_p50_s'] * 1e3:>9.2f}{x['num_steps']:>7}"
+                  f"{r[name + '_mean_batch']:>7.1f}")
     for r in reports:
         print(f"{r['model']}: continuous / static throughput {r['continuous_over_static_tokens_per_s']:.2f}x "
               f"({r['static_over_continuous_steps']:.2f}x fewer steps: the tokens/s ratio is "
@@ -226,13 +296,17 @@ def main(argv: list[str]) -> int:
               f"{k['per_token_s'] * 1e3:.3f} ms per prompt token (the fixed part is {k['fixed_share']:.0%} of step time); "
               "decode step ms by batch: " + ", ".join(f"{b}: {s * 1e3:.1f}" for b, s in d.items()
                                                       if b in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
-    return 0
 
 
 def _without_records(report: dict) -> dict:
     """The report without the runs' per-step records (kept for :func:`step_costs`, too long for JSON)."""
-    return {k: ({kk: vv for kk, vv in v.items() if kk != "records"} if k in ("continuous", "static") else v)
-            for k, v in report.items()}
+    out = {k: ({kk: vv for kk, vv in v.items() if kk != "records"} if k in ("continuous", "static") else v)
+           for k, v in report.items()}
+    if "same_memory" in out:
+        m = out["same_memory"]
+        out["same_memory"] = {**m, "systems": {n: {k: v for k, v in x.items() if k != "records"}
+                                               for n, x in m["systems"].items()}}
+    return out
 
 
 def _main_url(args, p) -> int:

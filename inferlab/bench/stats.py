@@ -28,6 +28,13 @@ def decode_step_seconds(records: list[dict], key: str = "seconds") -> dict[int, 
     return {b: statistics.median(s) for b, s in sorted(by_size.items())}
 
 
+def mean_decode_batch(records: list[dict]) -> float:
+    """Sequences decoding per step, over the steps that decode any (the vLLM paper's Fig. 13
+    "average number of batched requests")."""
+    sizes = [n for n in (sum(row["kind"] == "decode" for row in r["scheduled"]) for r in records) if n]
+    return statistics.fmean(sizes) if sizes else 0.0
+
+
 def step_costs(records: list[dict], key: str = "seconds") -> dict[str, float]:
     """What a step's time grows with: the least-squares fit of every step's seconds (``record[key]``) as a fixed
     cost per step, a cost per sequence in it and a cost per token it computes beyond one per

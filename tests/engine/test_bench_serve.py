@@ -45,7 +45,7 @@ def test_run_offline_both_policies(tmp_path):
 
 
 def test_bench_serve_cli_json(capsys):
-    assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--json"]) == 0
+    assert main(["bench", "serve", "--model", "draft", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--compare", "slots", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["continuous"]["requests"] == data["static"]["requests"] == 6 and data["continuous_over_static_tokens_per_s"] > 0
 
@@ -76,7 +76,7 @@ def test_decode_step_seconds_keeps_decode_only_steps():
 
 
 def test_bench_serve_reports_several_models_with_goals_and_step_costs(capsys):
-    args = ["bench", "serve", "--model", "draft,target", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1"]
+    args = ["bench", "serve", "--model", "draft,target", "--num-requests", "6", "--max-num-seqs", "3", "--repeats", "1", "--compare", "slots"]
     assert main(args + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [m["model"] for m in data["models"]] == ["draft", "target"]
@@ -87,4 +87,4 @@ def test_bench_serve_reports_several_models_with_goals_and_step_costs(capsys):
         assert "records" not in m["continuous"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.count("goal continuous_over_static_tokens_per_s >= 3.0") == 2 and "a step costs" in out
+    assert out.count("goal continuous_over_static_tokens_per_s >= 2.0") == 2 and "a step costs" in out

@@ -39,7 +39,7 @@ def test_run_offline_honours_arrivals_and_reuses_prefixes():
 
 
 def test_offline_report_has_the_fields(capsys):
-    assert main(["bench", "serve", "--model", "draft", "--num-requests", "4", "--max-num-seqs", "2", "--repeats", "1",
+    assert main(["bench", "serve", "--model", "draft", "--num-requests", "4", "--max-num-seqs", "2", "--repeats", "1", "--compare", "slots",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert FIELDS <= set(data)
