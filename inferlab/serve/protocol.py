@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferlab.logprobs import Logprob
 from inferlab.sampling import SamplingParams
+from inferlab.structured import StructuredOutputsParams
 
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 
@@ -55,6 +56,14 @@ class SamplingFields(OpenAIModel):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
     priority: int = 0  # vLLM's extra field: lower is served first under --scheduling-policy priority
+    # structured outputs (inferlab.structured): OpenAI's response_format, vLLM's structured_outputs
+    # and its older guided_* fields; at most one of them
+    response_format: Optional[dict] = None
+    structured_outputs: Optional[dict] = None
+    guided_json: Optional[Union[dict, str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     def unsupported(self) -> str | None:
         """The first field set to something the engine cannot do, as a one-line message."""
@@ -73,7 +82,37 @@ class SamplingFields(OpenAIModel):
             top_k=-1 if self.top_k in (None, 0) else self.top_k,
             seed=self.seed, max_tokens=max_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, n=self.n, logprobs=self.num_logprobs(),
-            prompt_logprobs=self.num_prompt_logprobs())
+            prompt_logprobs=self.num_prompt_logprobs(), structured_outputs=self.structured_outputs_params())
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The one constraint the request sets, from whichever field set it. Raises ValueError.
+        JSON asked through ``response_format`` or ``guided_json`` comes in its compact form (no
+        whitespace the schema does not need: a small model left free to add whitespace can spend
+        its whole budget on it), as vLLM serves it with ``disable_any_whitespace``; a body's
+        ``structured_outputs`` says for itself."""
+        given = {}
+        rf = self.response_format
+        if rf is not None:
+            kind = rf.get("type", "text")
+            if kind == "json_object":
+                given["response_format"] = StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+            elif kind == "json_schema":
+                spec = rf.get("json_schema")
+                if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                    raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+                given["response_format"] = StructuredOutputsParams(json=spec["schema"], disable_any_whitespace=True)
+            elif kind != "text":
+                raise ValueError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = StructuredOutputsParams.coerce(self.structured_outputs)
+        for name, field in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                            ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                given[name] = StructuredOutputsParams(**{field: getattr(self, name)},
+                                                      disable_any_whitespace=field == "json")
+        if len(given) > 1:
+            raise ValueError(f"give one constraint, not {' and '.join(given)}")
+        return next(iter(given.values()), None)
 
     def num_logprobs(self) -> int | None:
         """``SamplingParams.logprobs``: how many top tokens per generated token, None for none."""
@@ -145,7 +184,6 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     tools: Optional[list[dict]] = None
-    response_format: Optional[dict] = None
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -161,8 +199,6 @@ class ChatCompletionRequest(SamplingFields):
     def unsupported(self) -> str | None:
         if self.tools:
             return "tools (function calling) are not supported by this server: leave them unset"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format other than text is not supported by this server"
         return super().unsupported()
 
 
