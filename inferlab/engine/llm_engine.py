@@ -317,12 +317,16 @@ class LLMEngine:
 
     # ---- outputs and statistics ---------------------------------------------------------------
     def _output(self, req: Request) -> RequestOutput:
+        # DELTA: the prompt's log-probs (all scored before the first token) go with the first output only
+        prompt_logprobs = req.prompt_logprobs
+        if req.params.output_kind == RequestOutputKind.DELTA and any(s.sent_tokens for s in req.seqs):
+            prompt_logprobs = None
         comps = [self._completion(seq) for seq in sorted(req.seqs, key=lambda s: s.index)]
         if req.finished:
             self.requests.pop(req.request_id, None)
         # the prompt's ids are never changed by the engine: every output shares the request's list
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, comps, req.finished, req.metrics,
-                             req.prompt_logprobs)
+                             prompt_logprobs)
 
     def _completion(self, seq: EngineSequence) -> CompletionOutput:
         delta = seq.take_delta()  # holds back a half character and a stop string's possible start
