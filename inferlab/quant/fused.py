@@ -26,9 +26,16 @@ import shutil
 import torch
 
 log = logging.getLogger(__name__)
-MAX_ROWS = 4  # decode; above this (prefill, perplexity, large batches) the reference runs, its one
-# dequantization shared by many rows, so quality numbers measured on prompts are the reference's
+#: The most activation rows the compiled products (and W8A8) take: decode. Above this (prefill,
+#: perplexity, large batches) the reference runs, its one dequantization shared by many rows, so
+#: quality numbers measured on prompts are the reference's.
+MAX_COMPILED_ROWS = 4
 _broken: list[str] = []  # the fast paths found not to work here ("compile", "w8a8"): warned once
+
+
+def activation_rows(x: torch.Tensor) -> int:
+    """The activation rows a call handles: x [..., K] seen as [rows, K] (0 for an empty x)."""
+    return x.numel() // x.shape[-1] if x.numel() else 0
 
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -57,9 +64,9 @@ def int8_w8a8(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.T
     return torch._int_mm(xq, q.t()).float().mul_(xs).mul_(scales)  # few ops: each costs ~10 us here
 
 
-def w8a8_call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, max_rows: int = MAX_ROWS):
+def w8a8_call(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, max_rows: int = MAX_COMPILED_ROWS):
     """:func:`int8_w8a8` on up to ``max_rows`` rows of a CPU tensor; None where the reference should run."""
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    rows = activation_rows(x)
     if rows == 0 or rows > max_rows or x.is_cuda or mode() == "eager" or "w8a8" in _broken:
         return None
     try:
@@ -243,11 +250,11 @@ def _give_up(why: str) -> None:
 
 
 def fused_call(fn, x: torch.Tensor, *args):
-    """``fn(x2d, *args)`` compiled, for a batch of at most MAX_ROWS rows; None where the reference
-    should run. Inside a compiled decode step the expression itself joins that step's graph."""
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    """``fn(x2d, *args)`` compiled, for a batch of at most MAX_COMPILED_ROWS rows; None where the
+    reference should run. Inside a compiled decode step the expression itself joins that step's graph."""
+    rows = activation_rows(x)
     compiling = torch.compiler.is_compiling()
-    if not 0 < rows <= MAX_ROWS:
+    if not 0 < rows <= MAX_COMPILED_ROWS:
         return None
     if not compiling:
         if "compile" in _broken or mode() == "eager" or torch.is_grad_enabled() and x.requires_grad:

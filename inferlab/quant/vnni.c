@@ -15,19 +15,30 @@
    stays the reference both are tested against.
 
    Each function returns 0, or -1 when it could not allocate its small activation buffers. */
+#ifdef INFERLAB_PORTABLE
+#include "vnni_portable.h"  /* the same intrinsics in plain C: a slow build for any CPU (see there) */
+#else
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#define PREFETCH_ROWS 8  /* ask for the codes of the row this many ahead: the hardware prefetcher alone leaves the loop waiting on memory (measured 1.9x slower in a decode step) */
+#define PREFETCH_ROWS 8  /* ask for the codes of the row this many ahead: the hardware prefetcher alone leaves the loop waiting on memory */
+#ifdef INFERLAB_PORTABLE
+#define VNNI
+#define AVX512F
+int inferlab_vnni_supported(void) { return 1; }  /* plain C: runs on every CPU */
+#else
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define AVX512F __attribute__((target("avx512f,fma")))
 
 int inferlab_vnni_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
+#endif
 
 /* Rows in chunks of up to 4: each weight block is loaded (and unpacked) once per chunk, then meets
    every row of the chunk, whose sums build in separate accumulators. Loading a block once per row,
@@ -41,13 +52,51 @@ int inferlab_vnni_supported(void) {
     } while (0)
 #define INLINE static inline __attribute__((always_inline))
 
-/* One int8 scale for n floats: x ~ scale * q, q = round(x / scale) in -127..127 (0 for zeros). */
-static float quantize_row(const float *x, int n, int8_t *q) {
-    float amax = 0.f;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
-    float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x[i] * inv);
-    return amax / 127.f;
+/* The activation quantizer every loop calls: x [M, K] in groups of `group` columns (32 for the
+   llama.cpp blocks and INT8, the weight's group for INT4), each group one scale xs = amax / levels and
+   codes q = round(x / xs) in -levels..levels (0 for a group of zeros), half to even as torch rounds.
+   - levels 127: int8 codes, stored as bytes plus `shift` (128 makes them unsigned for vpdpbusd's
+     unsigned side); 32767: int16 codes for vpdpwssd (`shift` unused).
+   - split: even columns first, then (at M * K / 2) the odd ones, where two 4-bit codes share a byte
+     and the low nibbles meet the even columns; else row-major, like x.
+   - xsum (or NULL where no loop reads it): each group's sum of codes, for the loops that take a
+     zero point or a block constant out of the integer sum (sum (q - z) xq = sum q xq - z sum xq).
+   codes holds M * K codes of 1 byte (levels 127) or 2; xs and xsum M * (K / group). */
+static void quantize_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
+                                 void *codes, float *xs, int32_t *xsum) {
+    const int G = K / group;
+    const size_t half = (size_t)K / 2, odd = (size_t)M * half;
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < G; g++) {
+            const float *xg = x + (size_t)m * K + (size_t)g * group;
+            float amax = 0.f;
+            for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(xg[i]));
+            const float inv = amax > 0.f ? (float)levels / amax : 0.f;
+            int32_t sum = 0;
+            for (int i = 0; i < group; i++) {
+                const size_t k = (size_t)g * group + i;
+                const size_t at = split ? (k & 1) * odd + (size_t)m * half + k / 2 : (size_t)m * K + k;
+                const int q = (int)nearbyintf(xg[i] * inv);
+                sum += q;
+                if (levels > 127) ((int16_t *)codes)[at] = (int16_t)q;
+                else ((uint8_t *)codes)[at] = (uint8_t)(q + shift);
+            }
+            xs[m * G + g] = amax / (float)levels;
+            if (xsum) xsum[m * G + g] = sum;
+        }
+}
+
+/* Buffers for quantize_activations: codes of `code_bytes` each, one scale (and sum, when asked) per
+   group. 0, or -1 with nothing left allocated. */
+static int activation_buffers(int M, int K, int group, int code_bytes, void **codes, float **xs, int32_t **xsum) {
+    const size_t groups = (size_t)M * (K / group);
+    *codes = malloc((size_t)M * K * code_bytes);
+    *xs = malloc(sizeof(float) * groups);
+    if (xsum) *xsum = malloc(sizeof(int32_t) * groups);
+    if (*codes && *xs && (!xsum || *xsum)) return 0;
+    free(*codes); free(*xs);
+    if (xsum) free(*xsum);
+    return -1;
 }
 
 /* llama.cpp's blocks of 32 (inferlab/quant/ggml.py): each row of qweight is K / 32 blocks of an fp16
@@ -63,25 +112,6 @@ VNNI static inline float hsum256(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-/* Quantize x [M, K] per block of 32: codes (shifted by `shift`: 128 makes them unsigned), scales, sums. */
-static int quantize_blocks(const float *x, int M, int K, int shift, uint8_t **codes, float **xs, int32_t **xsum) {
-    const int B = K / 32;
-    *codes = malloc((size_t)M * K);
-    *xs = malloc(sizeof(float) * M * B);
-    *xsum = malloc(sizeof(int32_t) * M * B);
-    if (!*codes || !*xs || !*xsum) { free(*codes); free(*xs); free(*xsum); return -1; }
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < B; b++) {
-            const size_t at = (size_t)m * K + (size_t)b * 32;
-            int8_t q[32];
-            (*xs)[m * B + b] = quantize_row(x + at, 32, q);
-            int32_t sum = 0;
-            for (int i = 0; i < 32; i++) { sum += q[i]; (*codes)[at + i] = (uint8_t)(q[i] + shift); }
-            (*xsum)[m * B + b] = sum;
-        }
-    return 0;
 }
 
 /* INT8 weights q [N, K] (row n scaled by the fp16 scales[n]), x [M, K] -> y [M, N], K % 32 == 0.
@@ -108,18 +138,9 @@ VNNI INLINE void int8_rows(const int16_t *xq, const float *xs, int K, int B, con
 VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight, const uint16_t *scales,
                             int N, float *y, int nthreads) {
     const int B = K / 32;
-    int16_t *xq = malloc(sizeof(int16_t) * M * K);
-    float *xs = malloc(sizeof(float) * M * B);
-    if (!xq || !xs) { free(xq); free(xs); return -1; }
-    for (int m = 0; m < M; m++)
-        for (int b = 0; b < B; b++) {
-            const float *xb = x + (size_t)m * K + (size_t)b * 32;
-            float amax = 0.f;
-            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            const float inv = amax > 0.f ? 32767.f / amax : 0.f;
-            for (int i = 0; i < 32; i++) xq[(size_t)m * K + b * 32 + i] = (int16_t)nearbyintf(xb[i] * inv);
-            xs[m * B + b] = amax / 32767.f;
-        }
+    int16_t *xq; float *xs;
+    if (activation_buffers(M, K, 32, 2, (void **)&xq, &xs, NULL)) return -1;
+    quantize_activations(x, M, K, 32, 32767, 0, 0, xq, xs, NULL);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, _cvtsh_ss(scales[n]), y, N, n, m0, R)
@@ -184,28 +205,10 @@ VNNI INLINE void int4_rows(const int8_t *xe, const int8_t *xo, const float *xs, 
 VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, const uint16_t *scales,
                             const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
     const int G = K / group_size, half = K / 2;
-    int8_t *xe = malloc((size_t)M * K);  /* even columns, then (at + M * half) odd columns */
-    float *xs = malloc(sizeof(float) * M * G);
-    int32_t *xsum = malloc(sizeof(int32_t) * M * G);
-    if (!xe || !xs || !xsum) { free(xe); free(xs); free(xsum); return -1; }
-    int8_t *xo = xe + (size_t)M * half;
-    for (int m = 0; m < M; m++)
-        for (int g = 0; g < G; g++) {
-            const float *xg = x + (size_t)m * K + (size_t)g * group_size;
-            int8_t *qe = xe + (size_t)m * half + (size_t)g * group_size / 2;
-            int8_t *qo = xo + (size_t)m * half + (size_t)g * group_size / 2;
-            float amax = 0.f;
-            for (int i = 0; i < group_size; i++) amax = fmaxf(amax, fabsf(xg[i]));
-            float inv = amax > 0.f ? 127.f / amax : 0.f;
-            int32_t sum = 0;
-            for (int i = 0; i < group_size / 2; i++) {
-                qe[i] = (int8_t)nearbyintf(xg[2 * i] * inv);
-                qo[i] = (int8_t)nearbyintf(xg[2 * i + 1] * inv);
-                sum += qe[i] + qo[i];
-            }
-            xs[m * G + g] = amax / 127.f;
-            xsum[m * G + g] = sum;
-        }
+    int8_t *xe; float *xs; int32_t *xsum;  /* xe: even columns, then (at M * half) odd columns */
+    if (activation_buffers(M, K, group_size, 1, (void **)&xe, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, group_size, 127, 1, 0, xe, xs, xsum);
+    const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define INT4_ROWS(R) int4_rows(xe, xo, xs, xsum, K, G, group_size, qweight + (size_t)n * half, \
@@ -242,14 +245,15 @@ VNNI INLINE void q8_0_rows(const uint8_t *xu, const float *xs, int K, int B, con
 
 VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int B = K / 32, row_bytes = B * 34;
-    uint8_t *xu; float *xs; int32_t *xsum;
-    if (quantize_blocks(x, M, K, 128, &xu, &xs, &xsum)) return -1;
+    uint8_t *xu; float *xs;  /* codes + 128: the shift comes back out through the weights' sum */
+    if (activation_buffers(M, K, 32, 1, (void **)&xu, &xs, NULL)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 128, xu, xs, NULL);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q8_0_ROWS(R) q8_0_rows(xu, xs, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q8_0_ROWS);
     }
-    free(xu); free(xs); free(xsum);
+    free(xu); free(xs);
     return 0;
 }
 
@@ -287,7 +291,8 @@ VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
         const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads, const int has_min) {
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     uint8_t *xq; float *xs; int32_t *xsum;
-    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
@@ -347,7 +352,8 @@ VNNI INLINE void q4_k_rows(const uint8_t *xq, const float *xs, const int32_t *xs
 VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int S = K / 256, row_bytes = S * 144;
     uint8_t *xq; float *xs; int32_t *xsum;
-    if (quantize_blocks(x, M, K, 0, &xq, &xs, &xsum)) return -1;
+    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
@@ -361,7 +367,7 @@ VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight
    2i + 1 in its low one, blocks of `blocksize` values (a multiple of 32 dividing K) share a float
    absmax. The 16 code values sit in one register and vpermps looks 16 of them up at once; the
    product stays in float (no activation rounding): even-column codes meet the even activations. */
-__attribute__((target("avx512f,fma"))) INLINE void nf4_rows(
+AVX512F INLINE void nf4_rows(
         const float *xe, const float *xo, int K, const uint8_t *row, const float *absmax, const float *code,
         int blocksize, float *y, int N, int n, int m0, const int MR) {
     const int half = K / 2, blocks = K / blocksize, steps = blocksize / 32;
@@ -390,7 +396,7 @@ __attribute__((target("avx512f,fma"))) INLINE void nf4_rows(
     for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]);
 }
 
-__attribute__((target("avx512f,fma")))
+AVX512F
 int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
                       const float *code, int N, int blocksize, float *y, int nthreads) {
     const int half = K / 2, blocks = K / blocksize;

@@ -2,8 +2,7 @@
 
 Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
 multiply-add, three or more instructions per weight, which one core runs slower than memory can
-feed it (3.5 GB/s for INT4 here); ``torch._int_mm`` reaches 7.6 GB/s for INT8 plus ~30 us of
-eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
+feed it; ``torch._int_mm`` adds tens of microseconds of eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
 the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
 activations are quantized first: to int8 per group of 128 for INT4 and per block of 32 for the
 llama.cpp blocks (llama.cpp's own scheme), so the result differs from dequantize-then-matmul by
@@ -17,6 +16,11 @@ The C file is compiled on first use with the system compiler into ``~/.cache/inf
 x86 CPU with AVX-512 VNNI, ``ATEN_CPU_CAPABILITY`` asks torch for kernels below AVX-512 (so the
 process behaves as on such a CPU), or ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager``,
 :func:`available` is False and the callers use the compiled products or the reference.
+
+``INFERLAB_VNNI_BUILD=portable`` loads instead the portable build: the same ``vnni.c`` compiled with
+``vnni_portable.h``, the intrinsics written in plain C, on any CPU and whatever the capability asked
+of torch. It is slow and exists for the tests, which check the loops' arithmetic with it on machines
+where the real build cannot run.
 """
 from __future__ import annotations
 
@@ -36,25 +40,27 @@ from inferlab.folders import cache_dir
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
-#: Up to this many rows the loops beat dequantize-then-matmul for every format here (2 threads, the
-#: shapes of random-80m: at 32 rows INT8 6.8 vs 21.9 ms, Q4_K 23.7 vs 26.6), so a batch of decodes
-#: runs them too; a prompt of more rows dequantizes once and multiplies.
-MAX_ROWS = 32
+#: The most activation rows one call of the loops takes. Up to here they beat dequantize-then-matmul
+#: for every format (``inferlab bench rows`` measures it), so a batch of decodes runs them too; a
+#: prompt of more rows dequantizes once and multiplies.
+MAX_LOOP_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
+PORTABLE_HEADER = Path(__file__).with_name("vnni_portable.h")
 
 
-def _build(source: Path) -> Path:
-    """Compile ``source`` into a shared library in the cache (once per source and machine)."""
-    text = source.read_bytes()
+def _build(source: Path, flags: tuple[str, ...] = (), depends: tuple[Path, ...] = ()) -> Path:
+    """Compile ``source`` (with ``flags``) into a shared library in the cache, once per source, the
+    files it includes (``depends``), flags and machine."""
+    text = source.read_bytes() + b"".join(d.read_bytes() for d in depends) + " ".join(flags).encode()
     key = hashlib.sha256(text + platform.machine().encode()).hexdigest()[:16]
-    lib = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    lib = cache_dir() / "kernels" / f"{source.stem}{'-portable' if flags else ''}-{key}.so"
     if lib.exists():
         return lib
     lib.parent.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "cc")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
-    base = [cc, "-O3", "-shared", "-fPIC", str(source), "-o", tmp, "-lm"]
+    base = [cc, "-O3", "-shared", "-fPIC", *flags, str(source), "-o", tmp, "-lm"]
     try:  # OpenMP splits the output rows over torch's threads; without it, one thread
         for cmd in (base[:2] + ["-fopenmp"] + base[2:], base):
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -67,9 +73,30 @@ def _build(source: Path) -> Path:
             os.unlink(tmp)
 
 
+def build() -> str:
+    """Which build of the loops is asked for: ``native`` (AVX-512 VNNI) or ``portable`` (plain C)."""
+    return os.environ.get("INFERLAB_VNNI_BUILD", "native").lower()
+
+
 @functools.cache
+def _portable_library():
+    """The portable build, or None where it does not build (no compiler): for the tests."""
+    if not fused.compiler_available():
+        return None
+    try:
+        return ctypes.CDLL(str(_build(SOURCE, ("-DINFERLAB_PORTABLE", f"-I{SOURCE.parent}"), (PORTABLE_HEADER,))))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("inferlab: the portable build of the VNNI loops did not build (%s)", e)
+        return None
+
+
 def _library():
     """The loaded library, or None where it cannot run here (said once, in the log)."""
+    return _portable_library() if build() == "portable" else _native_library()
+
+
+@functools.cache
+def _native_library():
     if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
         return None
     if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("default", "avx2", "zvector", "vsx"):
@@ -94,8 +121,7 @@ def available() -> bool:
 def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
     """A few rows of a CPU tensor without autograd, and the kernels here: cheap checks, in the order
     that fails fastest (a decode step calls this for every projection)."""
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
-    return (0 < rows <= MAX_ROWS and x.device.type == "cpu" and qweight.device.type == "cpu"
+    return (0 < fused.activation_rows(x) <= MAX_LOOP_ROWS and x.device.type == "cpu" and qweight.device.type == "cpu"
             and not (x.requires_grad and torch.is_grad_enabled()) and _available())
 
 

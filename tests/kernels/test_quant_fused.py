@@ -70,7 +70,7 @@ def test_int4_act_order_and_several_rows(linear, monkeypatch):
 
 def test_many_rows_use_the_reference(linear):
     mod = MAKE["q4_0"](linear)
-    x = torch.randn(fused.MAX_ROWS + 1, 256)
+    x = torch.randn(fused.MAX_COMPILED_ROWS + 1, 256)
     with torch.inference_mode():
         assert torch.equal(mod(x), mod.forward_reference(x))
 

@@ -5,7 +5,12 @@ The loops quantize the activations to int8 before multiplying, so they differ fr
 that rounding only: at most ``sum_k |w_nk| * xs / 2`` per output, where xs is the activation scale
 of the row (INT8) or group (INT4). The torch model of the arithmetic (``_w8a8``, ``_w4a8``) must
 match to float rounding: it catches swapped nibbles, a lost zero point, a wrong group's scale or a
-short tail, which the looser bound could hide. Skipped on CPUs without AVX-512 VNNI."""
+short tail, which the looser bound could hide.
+
+The arithmetic tests run twice: on the real loops (skipped on CPUs without AVX-512 VNNI, or when
+ATEN_CPU_CAPABILITY asks for less) and on the portable build, the same vnni.c with its intrinsics
+written in plain C (vnni_portable.h), which runs on every machine with a C compiler. So a bug in
+the loops fails these tests everywhere, not only where the fast build runs."""
 import logging
 
 import pytest
@@ -15,6 +20,15 @@ from torch import nn
 from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused, vnni
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
+
+
+@pytest.fixture(params=["native", "portable"])
+def loops(request, monkeypatch):
+    """The build of vnni.c the quantized linears call in this test: native (AVX-512 VNNI) or portable."""
+    monkeypatch.setenv("INFERLAB_VNNI_BUILD", request.param)
+    if not vnni.available():
+        pytest.skip(f"the {request.param} build of the VNNI loops cannot run here")
+    return request.param
 
 
 def _codes(x: torch.Tensor, top: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,10 +61,9 @@ def _bound(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tensor:
     return (w.abs().view(w.shape[0], K // group, group).sum(-1) * xs[:, None, :]).sum(-1) / 2  # [M, N]
 
 
-@needs_vnni
-@pytest.mark.parametrize("rows", [1, 3, vnni.MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, vnni.MAX_LOOP_ROWS])
 @pytest.mark.parametrize("k", [256, 96])  # 96: three blocks of 32, not a whole 64-byte vector
-def test_int8_matches_its_arithmetic_and_the_reference(rows, k):
+def test_int8_matches_its_arithmetic_and_the_reference(loops, rows, k):
     """16-bit activations: the float product to ~1e-5 of each block's largest activation."""
     torch.manual_seed(rows + k)
     mod = Int8Linear.from_float(nn.Linear(k, 40, bias=True))
@@ -68,11 +81,10 @@ def test_int8_widths_off_the_block_size_leave_the_loop():
     assert vnni.int8_linear(torch.randn(1, 200), mod.qweight, mod.scales) is None
 
 
-@needs_vnni
 @pytest.mark.parametrize("group,bits,k", [(128, 4, 512), (256, 4, 512), (128, 3, 512),
                                           (64, 4, 576), (192, 4, 576)])  # 576 = SmolLM2's width: groups of 64
-@pytest.mark.parametrize("rows", [1, 2, vnni.MAX_ROWS])
-def test_int4_matches_its_arithmetic_and_the_reference(group, bits, k, rows):
+@pytest.mark.parametrize("rows", [1, 2, vnni.MAX_LOOP_ROWS])
+def test_int4_matches_its_arithmetic_and_the_reference(loops, group, bits, k, rows):
     torch.manual_seed(group + rows)
     mod = Int4Linear.from_float(nn.Linear(k, 48, bias=False), group, bits)
     x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different scales
@@ -83,10 +95,9 @@ def test_int4_matches_its_arithmetic_and_the_reference(group, bits, k, rows):
     assert (out - ref).abs().max() > 0
 
 
-@needs_vnni
 @pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_1", "q4_k"])
-@pytest.mark.parametrize("rows", [1, 2, 5, vnni.MAX_ROWS])
-def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, rows):
+@pytest.mark.parametrize("rows", [1, 2, 5, vnni.MAX_LOOP_ROWS])
+def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(loops, ggml_type, rows):
     """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
     torch.manual_seed(rows)
     mod = GGMLLinear.from_float(nn.Linear(256, 40, bias=True), ggml_type)
@@ -100,9 +111,8 @@ def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(ggml_type, ro
     assert (out - ref).abs().max() > 0
 
 
-@needs_vnni
 @pytest.mark.parametrize("blocksize,rows", [(64, 1), (128, 3)])
-def test_nf4_is_exact(blocksize, rows, monkeypatch):
+def test_nf4_is_exact(loops, blocksize, rows, monkeypatch):
     """NF4's loop looks the code values up in float and rounds no activation: the reference's
     product up to summation order, without dequantizing."""
     torch.manual_seed(blocksize)
@@ -116,8 +126,7 @@ def test_nf4_is_exact(blocksize, rows, monkeypatch):
     assert vnni.nf4_linear(x, mod.qweight, mod.absmax, torch.zeros(16), blocksize).abs().max() == 0  # it reads the table
 
 
-@needs_vnni
-def test_int4_act_order_permutes_before_the_loop():
+def test_int4_act_order_permutes_before_the_loop(loops):
     torch.manual_seed(0)
     mod = Int4Linear.from_float(nn.Linear(256, 32, bias=True), 128)
     mod.perm = torch.randperm(256).to(torch.int32)
@@ -137,7 +146,7 @@ def test_other_group_sizes_modes_and_many_rows_leave_the_loop(monkeypatch):
     g32 = Int4Linear.from_float(lin, 32)  # not a multiple of 64: the compiled product
     assert vnni.int4_linear(x, g32.qweight, g32.scales, g32.zeros, 32) is None
     g128 = Int4Linear.from_float(lin, 128)
-    assert vnni.int4_linear(torch.randn(vnni.MAX_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
+    assert vnni.int4_linear(torch.randn(vnni.MAX_LOOP_ROWS + 1, 256), g128.qweight, g128.scales, g128.zeros, 128) is None
     monkeypatch.setenv("INFERLAB_QUANT_KERNEL", "compiled")
     assert vnni.int4_linear(x, g128.qweight, g128.scales, g128.zeros, 128) is None
     with torch.inference_mode():  # and the compiled product is exact where the loop is not
@@ -158,18 +167,20 @@ def test_a_compiled_graph_calls_the_loops_as_ops():
 
 def test_torch_capped_below_avx512_means_no_vnni_loops(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # as the rounding-change pass over the notebooks does
-    vnni._library.cache_clear()
+    vnni._native_library.cache_clear()
     try:
         assert not vnni.available()
+        monkeypatch.setenv("INFERLAB_VNNI_BUILD", "portable")  # the tests' build runs all the same
+        assert vnni.available() or not vnni.fused.compiler_available()
     finally:
-        vnni._library.cache_clear()
+        vnni._native_library.cache_clear()
 
 
 def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
     monkeypatch.setattr(vnni.platform, "machine", lambda: "x86_64")
-    vnni._library.cache_clear()
+    vnni._native_library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="inferlab.quant.vnni"):
             assert not vnni.available() and not vnni.available()
@@ -178,7 +189,7 @@ def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, 
         with torch.inference_mode():
             torch.testing.assert_close(mod(x), mod.forward_reference(x), rtol=1e-5, atol=1e-5)
     finally:
-        vnni._library.cache_clear()
+        vnni._native_library.cache_clear()
     said = [r for r in caplog.records if "did not build" in r.getMessage()]
     assert len(said) == 1
     assert not list(tmp_path.rglob("*.so"))  # nothing half-written left in the cache
