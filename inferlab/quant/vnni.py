@@ -97,6 +97,7 @@ def _library():
 
 @functools.cache
 def _native_library():
+    """The AVX-512 VNNI build, or None: another CPU, no compiler, or torch capped below AVX-512."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
         return None
     if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("default", "avx2", "zvector", "vsx"):
@@ -113,7 +114,7 @@ def _native_library():
 
 
 def available() -> bool:
-    """Can the VNNI kernels run here (CPU, compiler, ``INFERLAB_QUANT_KERNEL``)? Checked once per
+    """Can the VNNI kernels run here (CPU, compiler, ``INFERLAB_QUANT_KERNEL``, the build asked for)? Checked once per
     trace by a compiled step (its value is a constant of the graph)."""
     return fused.mode() == "auto" and _library() is not None
 
