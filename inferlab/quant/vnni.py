@@ -2,8 +2,9 @@
 
 Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
 multiply-add, three or more instructions per weight, which one core runs slower than memory can
-feed it; ``torch._int_mm`` adds tens of microseconds of eager ops per call. VNNI's ``vpdpbusd`` does 64 byte products per instruction, so these loops read
-the packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
+feed it; ``torch._int_mm`` adds several eager ops per call. VNNI's ``vpdpbusd`` does 64 byte
+products per instruction, so these loops read the packed codes at close to memory speed, the way
+llama.cpp's Q8_0 and Q4_0 dot products do. The
 activations are quantized first: to int8 per group of 128 for INT4 and per block of 32 for the
 llama.cpp blocks (llama.cpp's own scheme), so the result differs from dequantize-then-matmul by
 that rounding, at most ``sum_k |w_k| * xs / 2`` per output; INT8 keeps 16-bit activation codes
@@ -114,8 +115,8 @@ def _native_library():
 
 
 def available() -> bool:
-    """Can the VNNI kernels run here (CPU, compiler, ``INFERLAB_QUANT_KERNEL``, the build asked for)? Checked once per
-    trace by a compiled step (its value is a constant of the graph)."""
+    """Can the VNNI kernels run here (CPU, compiler, ``INFERLAB_QUANT_KERNEL``, the build asked for)?
+    Checked once per trace by a compiled step (its value is a constant of the graph)."""
     return fused.mode() == "auto" and _library() is not None
 
 
