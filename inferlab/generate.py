@@ -72,6 +72,8 @@ def generate_stream(model, prompts: list[list[int]], params: list[SamplingParams
     for i, (ids, sp) in enumerate(zip(prompts, params)):
         if not ids:
             raise ValueError("empty prompt: give at least one token")
+        if sp.structured_outputs is not None:
+            raise ValueError("structured_outputs needs the engine: use LLM(...).generate, not the contiguous reference path")
         fits = fit_max_tokens(sp.max_tokens, len(ids), cfg.max_position_embeddings,
                               context_name="model's context")  # stop at the context's end
         if sp.max_tokens != fits:

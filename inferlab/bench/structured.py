@@ -100,9 +100,9 @@ def mask_costs(tokenizer, vocab_size: int, eos_ids, batch_sizes=(1, 16), repeats
                 for m in ms:
                     assert m.consume_token(t), "the answer must follow the schema"
     for b in batch_sizes:
-        out["xgrammar"][b] = _best(lambda: xgr_walk(b), repeats) / len(tokens)
+        out["xgrammar"][b] = _best(lambda: xgr_walk(b), repeats) / (len(tokens) * b)  # per token: per step / b
         if llguidance is not None:
-            out["llguidance"][b] = _best(lambda: llg_walk(b), repeats) / len(tokens)
+            out["llguidance"][b] = _best(lambda: llg_walk(b), repeats) / (len(tokens) * b)
     out["tokens_walked"] = len(tokens)
     return out
 
