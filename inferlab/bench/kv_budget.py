@@ -35,7 +35,7 @@ import statistics
 from pathlib import Path
 
 from inferlab.bench.serve import run_offline
-from inferlab.bench.stats import mean_decode_batch
+from inferlab.bench.stats import decode_step_seconds, mean_decode_batch
 from inferlab.llm import LLM
 
 #: ShareGPT's lengths as the vLLM paper reports them (Fig. 11), and the longest sequence it serves.
@@ -206,5 +206,6 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
                          "max_model_len": max_model_len},
             "kv_budget_tokens": budget, "kv_bytes_per_token": per_token, "kv_budget_mb": budget * per_token / 1e6,
             "block_size": block_size, "max_sequences_orca_max": budget // max_model_len,
+            "decode_step_s": decode_step_seconds([rec for x in systems.values() for rec in x["records"]]),
             "systems": systems, "vllm_over_orca_max": ratio, "goal_vllm_over_orca_max": GOAL,
             "goal_met": ratio >= GOAL}

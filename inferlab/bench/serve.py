@@ -268,6 +268,9 @@ def _print_memory(m: dict) -> None:
               f"{x['mean_batch']:>7.1f}{formed:>8}{x['num_steps']:>7}{x['preemptions']:>8}")
     print(f"  (batch: sequences decoding per step; formed: sequences per static batch; Orca-Max fits "
           f"{m['max_sequences_orca_max']})")
+    d = m["decode_step_s"]
+    print("  decode step ms by batch (all three systems' steps): " + ", ".join(f"{b}: {t * 1e3:.1f}" for b, t in d.items()
+                                                                  if b <= 16 or b in (32, 64, 128, 256)))
     held = "met" if m["goal_met"] else "MISSED"
     print(f"  goal vLLM / Orca-Max tokens/s >= {m['goal_vllm_over_orca_max']}: {m['vllm_over_orca_max']:.2f} {held}")
 
