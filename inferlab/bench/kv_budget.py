@@ -34,7 +34,7 @@ import random
 import statistics
 from pathlib import Path
 
-from inferlab.bench.serve import run_offline
+from inferlab.bench.offline import run_offline
 from inferlab.bench.stats import decode_step_seconds, mean_decode_batch
 from inferlab.llm import LLM
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.bench.serve import percentile
+from inferlab.bench.stats import percentile
 from inferlab.bench.serve_client import run_client
 
 
