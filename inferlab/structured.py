@@ -257,3 +257,25 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, ceil(V / 32)] int32 bits (token t is bit t % 32 of word t // 32) -> [rows, V] bool."""
     bits = torch.arange(32, dtype=torch.int32)
     return ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)[:, :vocab_size]
+
+
+def mask_trace(llm, structured_outputs, token_ids: list[int]) -> list[dict]:
+    """What the grammar allowed at each step of an output, for a lesson or a debugger: one dict per
+    token of ``token_ids``, with ``allowed_ids`` (the vocabulary entries the mask let through at
+    that step), ``allowed`` (how many) and ``token`` (the one emitted). Replays the output through
+    a fresh matcher of ``llm``'s engine, so it shows exactly the masks the engine applied."""
+    import xgrammar as xgr
+
+    so = StructuredOutputsParams.coerce(structured_outputs)
+    s = llm.llm_engine.structured
+    m = xgr.GrammarMatcher(s.compiled(so), override_stop_tokens=list(s.stop_token_ids))
+    bitmask = xgr.allocate_token_bitmask(1, s.vocab_size)
+    steps = []
+    for i, t in enumerate(token_ids):
+        m.fill_next_token_bitmask(bitmask, 0)
+        allowed = unpack_bitmask(bitmask, s.vocab_size)[0].nonzero().flatten().tolist()
+        steps.append({"token": t, "allowed": len(allowed), "allowed_ids": allowed})
+        if not m.accept_token(t):
+            raise ValueError(f"token {t} at step {i} breaks the grammar: pass the output that was generated "
+                             "under this same constraint")
+    return steps

@@ -179,3 +179,33 @@ def test_speculation_masks_every_verified_row(target, spec):
     sampled = [t for seed in range(2) for t in texts(spec_llm, prompts, temperature=1.0, seed=seed, max_tokens=48,
                                                        structured_outputs=JSON)]
     assert all(valid(t) for t in sampled), sampled
+
+
+def test_mask_trace_replays_the_masks_the_engine_applied(llm):
+    """At each step of a choice, the mask allows exactly the tokens that keep the text a prefix of a
+    choice (checked by decoding every allowed token, not through the grammar), and a token outside
+    the mask is refused with one line."""
+    from inferlab.structured import mask_trace
+
+    choices = ["refund", "delivery"]
+    so = SO(choice=choices)
+    out = llm.generate(["status = "], SamplingParams(temperature=0, max_tokens=12, structured_outputs=so))[0].outputs[0]
+    assert out.text in choices
+    trace = mask_trace(llm, so, out.token_ids)
+    assert [st["token"] for st in trace] == list(out.token_ids)
+    eos = set(llm.eos_token_ids)
+    text = ""
+    for st in trace:
+        assert st["token"] in st["allowed_ids"]
+        for t in st["allowed_ids"]:
+            if t in eos:
+                assert text in choices, "the stop token is allowed only once a choice is complete"
+            else:
+                piece = text + llm.tokenizer.decode([t])
+                assert any(c.startswith(piece) for c in choices), f"{piece!r} is not a prefix of a choice"
+        if st["token"] not in eos:
+            text += llm.tokenizer.decode([st["token"]])
+    n = len(trace[0]["allowed_ids"])
+    assert 2 <= n < 50, "the first step allows the first tokens of both choices, and little else"
+    with pytest.raises(ValueError, match="breaks the grammar"):
+        mask_trace(llm, so, [llm.encode("zzz")[0]])
