@@ -101,8 +101,24 @@ def _change(page, what: str, action) -> dict:
                            arg=[CALC, before_fig], timeout=30_000)
     page.wait_for_function("([sel, old]) => document.querySelector(sel + ' .widget-html-content').innerText !== old",
                            arg=[CALC, before_text], timeout=30_000)
-    page.wait_for_timeout(300)  # let plotly finish drawing the markers of the update
+    _settle(page)
     return _check_figures(page, f"after changing {what}")
+
+
+def _settle(page, timeout_s: float = 60.0) -> None:
+    """Wait until the kernel is idle and the calculator has stopped changing. Each key press is one
+    update sent to the kernel: on a busy machine the first redraw arrives while the others are still
+    queued, and the figure must be read after the last of them."""
+    idle = "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        page.wait_for_function(idle, timeout=30_000)
+        page.wait_for_timeout(500)  # let plotly finish drawing the markers of the update
+        state = _calc_state(page) + page.locator(f"{CALC} .widget-html-content").first.inner_text()
+        if state == last:
+            return
+        last = state
+    raise AssertionError(f"the calculator was still changing after {timeout_s:.0f} s")
 
 
 def _press(page, label: str, key: str, times: int = 1):
