@@ -47,8 +47,11 @@ def test_logits_match_transformers(smollm2_fp32, smollm2_transformers):
     for prompt in PROMPTS[:2]:
         ids = torch.tensor([tok.encode(prompt)])
         with torch.no_grad():
-            diff = (ours(ids) - hf(ids).logits).abs().max().item()
-        assert diff <= 1e-4, f"{prompt!r}: max |logit difference| {diff:.2e}"
+            a, b = ours(ids), hf(ids).logits
+        # relative to the logits' scale (about 20 here): fp32 sums over 30 layers in another order
+        # (AVX-512 or AVX2 loops, MKL) differ by a few parts in a million, a real bug by far more
+        diff, scale = (a - b).abs().max().item(), b.abs().max().item()
+        assert diff <= 1e-5 * scale, f"{prompt!r}: max |logit difference| {diff:.2e} (logits up to {scale:.1f})"
 
 
 def test_greedy_tokens_match_transformers(smollm2_fp32, smollm2_transformers):
