@@ -37,6 +37,7 @@ from pathlib import Path
 from inferlab.bench.offline import run_offline
 from inferlab.bench.stats import decode_step_seconds, mean_decode_batch
 from inferlab.llm import LLM
+from inferlab.model.gqa import kv_bytes_per_token
 
 #: ShareGPT's lengths as the vLLM paper reports them (Fig. 11), and the longest sequence it serves.
 SHAREGPT = {"input_mean": 161, "output_mean": 338, "max_len": 2048}
@@ -115,11 +116,6 @@ def static_batches(lengths: list[int], scheme: str, budget_tokens: int, max_mode
     return batches
 
 
-def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
-    """K and V of every layer for one token: 2 * layers * KV heads * head_dim * bytes."""
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes
-
-
 def model_config(model: str):
     """``model``'s config without loading its weights (a GGUF's header, or a folder's config.json)."""
     from inferlab.model.gguf_loader import _reader, is_gguf, read_config
@@ -196,7 +192,7 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
     for label in ("Orca-Max", "Orca-Pow2"):
         systems["vLLM"][f"over_{label}"] = v / systems[label]["output_tokens_per_s"]
     cfg = vllm.model.config
-    per_token = kv_bytes_per_token(cfg)
+    per_token = kv_bytes_per_token(cfg, bytes_per_value=4)  # the engine's fp32 cache on CPU
     ratio = systems["vLLM"]["over_Orca-Max"]
     return {"model": model, "requests": num_requests, "seed": seed, "scale": scale, "repeats": repeats,
             "workload": {"source": "ShareGPT lengths as the vLLM paper reports them (mean 161 in / 338 out), "

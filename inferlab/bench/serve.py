@@ -185,11 +185,12 @@ def main(argv: list[str]) -> int:
 
 def _same_memory(model: str, args, p) -> dict:
     """The same-KV-memory comparison for ``model``, its budget from the flags (MB through the model's KV bytes per token)."""
-    from inferlab.bench.kv_budget import compare_memory, kv_bytes_per_token, model_config
+    from inferlab.bench.kv_budget import compare_memory, model_config
+    from inferlab.model.gqa import kv_bytes_per_token
 
     budget = args.kv_budget_tokens
     if args.kv_budget_mb is not None:
-        budget = int(args.kv_budget_mb * 1e6 // kv_bytes_per_token(model_config(model)))
+        budget = int(args.kv_budget_mb * 1e6 // kv_bytes_per_token(model_config(model), bytes_per_value=4))
     try:
         return compare_memory(model, args.memory_requests or args.num_requests, args.seed, budget,
                               min(args.repeats, 2), args.device)
