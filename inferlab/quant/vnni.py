@@ -1,27 +1,30 @@
-"""Decode products for every quantized format on x86 CPUs with AVX-512 VNNI (``vnni.c``, beside this file).
+"""Decode products for every quantized format on x86 CPUs: AVX-512 VNNI loops (``vnni.c``) and
+their AVX2 twins (``avx2.c``), both beside this file.
 
 Why by hand: inductor's loops (``inferlab.quant.fused``) turn each code into a float before the
 multiply-add, three or more instructions per weight, which one core runs slower than memory can
 feed it; ``torch._int_mm`` adds several eager ops per call. VNNI's ``vpdpbusd`` does 64 byte
-products per instruction, so these loops read the packed codes at close to memory speed, the way
-llama.cpp's Q8_0 and Q4_0 dot products do. The
+products per instruction, AVX2's ``vpmaddubsw`` + ``vpmaddwd`` 32 in two, so these loops read the
+packed codes at close to memory speed, the way llama.cpp's Q8_0 and Q4_0 dot products do. The
 activations are quantized first: to int8 per group of 128 for INT4 and per block of 32 for the
 llama.cpp blocks (llama.cpp's own scheme), so the result differs from dequantize-then-matmul by
 that rounding, at most ``sum_k |w_k| * xs / 2`` per output; INT8 keeps 16-bit activation codes
 (``vpdpwssd``), which leave its products within about 1e-5 of the float ones. NF4's 16 code
-values are floats, not a grid: its loop looks them up in a register (``vpermps``) and multiplies
+values are floats, not a grid: its loop looks them up in registers (``vpermps``) and multiplies
 in float, so NF4 stays exact.
 
-The C file is compiled on first use with the system compiler into ``~/.cache/inferlab``
-(``INFERLAB_CACHE``), keyed by its hash, and loaded with ctypes. Where there is no compiler, no
-x86 CPU with AVX-512 VNNI, ``ATEN_CPU_CAPABILITY`` asks torch for kernels below AVX-512 (so the
-process behaves as on such a CPU), or ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager``,
-:func:`available` is False and the callers use the compiled products or the reference.
+The C files are compiled on first use with the system compiler into ``~/.cache/inferlab``
+(``INFERLAB_CACHE``), keyed by their hash, and loaded with ctypes. The build follows the CPU:
+AVX-512 VNNI where it has it, else AVX2 (with FMA and F16C); ``ATEN_CPU_CAPABILITY=avx2`` or
+``default`` (torch's kernels below AVX-512) takes the AVX2 build too, so the process runs as on an
+AVX2 laptop. Where there is no compiler, no such x86 CPU, or ``INFERLAB_QUANT_KERNEL`` is
+``compiled`` or ``eager``, :func:`available` is False and the callers use the compiled products or
+the reference.
 
-``INFERLAB_VNNI_BUILD=portable`` loads instead the portable build: the same ``vnni.c`` compiled with
-``vnni_portable.h``, the intrinsics written in plain C, on any CPU and whatever the capability asked
-of torch. It is slow and exists for the tests, which check the loops' arithmetic with it on machines
-where the real build cannot run.
+``INFERLAB_VNNI_BUILD`` picks a build by name: ``native`` (the default: the CPU's best), ``avx2``,
+or ``portable``: ``vnni.c`` compiled with ``vnni_portable.h``, the intrinsics written in plain C,
+on any CPU and whatever the capability asked of torch. It is slow and exists for the tests, which
+check the loops' arithmetic with it on machines where the real build cannot run.
 """
 from __future__ import annotations
 
@@ -46,7 +49,10 @@ log = logging.getLogger(__name__)
 #: prompt of more rows dequantizes once and multiplies.
 MAX_LOOP_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
+AVX2_SOURCE = Path(__file__).with_name("avx2.c")
+HEADER = Path(__file__).with_name("activations.h")  # the activation quantizer both builds include
 PORTABLE_HEADER = Path(__file__).with_name("vnni_portable.h")
+BUILDS = ("native", "avx2", "portable")
 
 
 def _build(source: Path, flags: tuple[str, ...] = (), depends: tuple[Path, ...] = ()) -> Path:
@@ -75,8 +81,11 @@ def _build(source: Path, flags: tuple[str, ...] = (), depends: tuple[Path, ...] 
 
 
 def build() -> str:
-    """Which build of the loops is asked for: ``native`` (AVX-512 VNNI) or ``portable`` (plain C)."""
-    return os.environ.get("INFERLAB_VNNI_BUILD", "native").lower()
+    """Which build of the loops is asked for: ``native`` (the CPU's best), ``avx2`` or ``portable``."""
+    name = os.environ.get("INFERLAB_VNNI_BUILD", "native").lower()
+    if name not in BUILDS:
+        raise ValueError(f"inferlab: INFERLAB_VNNI_BUILD={name!r} is not a build; use one of {', '.join(BUILDS)}")
+    return name
 
 
 @functools.cache
@@ -85,7 +94,7 @@ def _portable_library():
     if not fused.compiler_available():
         return None
     try:
-        return ctypes.CDLL(str(_build(SOURCE, ("-DINFERLAB_PORTABLE", f"-I{SOURCE.parent}"), (PORTABLE_HEADER,))))
+        return ctypes.CDLL(str(_build(SOURCE, ("-DINFERLAB_PORTABLE", f"-I{SOURCE.parent}"), (PORTABLE_HEADER, HEADER))))
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("inferlab: the portable build of the VNNI loops did not build (%s)", e)
         return None
@@ -93,25 +102,49 @@ def _portable_library():
 
 def _library():
     """The loaded library, or None where it cannot run here (said once, in the log)."""
-    return _portable_library() if build() == "portable" else _native_library()
+    return {"portable": _portable_library, "avx2": _avx2_library}.get(build(), _native_library)()
+
+
+def _x86_library(source: Path, supported: str, what: str):
+    """``source`` built for this x86 CPU and loaded, or None: another CPU, no compiler, or a CPU
+    without the instructions (``supported`` names the C check)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(source, (), (HEADER,))))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("inferlab: the %s decode loops did not build (%s); quantized linears use the compiled products", what, e)
+        return None
+    if not getattr(lib, supported)():
+        log.info("inferlab: this CPU has no %s; quantized linears use the compiled products", what)
+        return None
+    return lib
+
+
+@functools.cache
+def _avx2_library():
+    """The AVX2 build, or None where the CPU lacks AVX2, FMA or F16C."""
+    return _x86_library(AVX2_SOURCE, "inferlab_avx2_supported", "AVX2")
 
 
 @functools.cache
 def _native_library():
-    """The AVX-512 VNNI build, or None: another CPU, no compiler, or torch capped below AVX-512."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not fused.compiler_available():
+    """The CPU's best build: AVX-512 VNNI, else AVX2 (also when torch is capped below AVX-512)."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("zvector", "vsx"):
         return None
-    if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("default", "avx2", "zvector", "vsx"):
-        return None  # the process asked torch for kernels below AVX-512: it runs as on such a CPU
-    try:
-        lib = ctypes.CDLL(str(_build(SOURCE)))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("inferlab: the VNNI decode loops did not build (%s); quantized linears use the compiled products", e)
+    if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() not in ("default", "avx2"):
+        lib = _x86_library(SOURCE, "inferlab_vnni_supported", "AVX-512 VNNI")
+        if lib is not None:
+            return lib
+    return _avx2_library()
+
+
+def isa() -> str | None:
+    """The instructions the loops run on here: ``avx512-vnni``, ``avx2``, ``portable`` or None."""
+    if not available():
         return None
-    if not lib.inferlab_vnni_supported():
-        log.info("inferlab: this CPU has no AVX-512 VNNI; quantized linears use the compiled products")
-        return None
-    return lib
+    lib = _library()
+    return "portable" if lib is _portable_library() else "avx2" if lib is _avx2_library() else "avx512-vnni"
 
 
 def available() -> bool:

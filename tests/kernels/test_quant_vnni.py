@@ -7,10 +7,11 @@ of the row (INT8) or group (INT4). The torch model of the arithmetic (``_w8a8``,
 match to float rounding: it catches swapped nibbles, a lost zero point, a wrong group's scale or a
 short tail, which the looser bound could hide.
 
-The arithmetic tests run twice: on the real loops (skipped on CPUs without AVX-512 VNNI, or when
-ATEN_CPU_CAPABILITY asks for less) and on the portable build, the same vnni.c with its intrinsics
+The arithmetic tests run once per build: the CPU's best (AVX-512 VNNI, else AVX2), the AVX2 build
+(avx2.c, skipped on CPUs without AVX2) and the portable build, the same vnni.c with its intrinsics
 written in plain C (vnni_portable.h), which runs on every machine with a C compiler. So a bug in
-the loops fails these tests everywhere, not only where the fast build runs."""
+the VNNI loops fails these tests everywhere, not only where the fast build runs, and a bug in the
+AVX2 loops on every x86 machine CI has."""
 import logging
 
 import pytest
@@ -22,9 +23,9 @@ from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused,
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
 
 
-@pytest.fixture(params=["native", "portable"])
+@pytest.fixture(params=vnni.BUILDS)
 def loops(request, monkeypatch):
-    """The build of vnni.c the quantized linears call in this test: native (AVX-512 VNNI) or portable."""
+    """The build of the loops the quantized linears call in this test (``vnni.BUILDS``)."""
     monkeypatch.setenv("INFERLAB_VNNI_BUILD", request.param)
     if not vnni.available():
         pytest.skip(f"the {request.param} build of the VNNI loops cannot run here")
@@ -165,22 +166,30 @@ def test_a_compiled_graph_calls_the_loops_as_ops():
     torch.testing.assert_close(compiled, eager)
 
 
-def test_torch_capped_below_avx512_means_no_vnni_loops(monkeypatch):
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # as the rounding-change pass over the notebooks does
+def _clear():
     vnni._native_library.cache_clear()
+    vnni._avx2_library.cache_clear()
+
+
+def test_torch_capped_below_avx512_runs_the_avx2_loops(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # as on an AVX2 laptop
+    _clear()
     try:
-        assert not vnni.available()
+        assert vnni.isa() == ("avx2" if vnni._avx2_library() is not None else None)
         monkeypatch.setenv("INFERLAB_VNNI_BUILD", "portable")  # the tests' build runs all the same
-        assert vnni.available() or not vnni.fused.compiler_available()
+        assert vnni.isa() == "portable" or not vnni.fused.compiler_available()
+        monkeypatch.setenv("INFERLAB_VNNI_BUILD", "avx-2")
+        with pytest.raises(ValueError, match="use one of native, avx2, portable"):
+            vnni.available()
     finally:
-        vnni._native_library.cache_clear()
+        _clear()
 
 
 def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails
     monkeypatch.setattr(vnni.platform, "machine", lambda: "x86_64")
-    vnni._native_library.cache_clear()
+    _clear()
     try:
         with caplog.at_level(logging.WARNING, logger="inferlab.quant.vnni"):
             assert not vnni.available() and not vnni.available()
@@ -189,7 +198,7 @@ def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, 
         with torch.inference_mode():
             torch.testing.assert_close(mod(x), mod.forward_reference(x), rtol=1e-5, atol=1e-5)
     finally:
-        vnni._native_library.cache_clear()
-    said = [r for r in caplog.records if "did not build" in r.getMessage()]
-    assert len(said) == 1
+        _clear()
+    said = [r.getMessage() for r in caplog.records if "did not build" in r.getMessage()]
+    assert said and len(said) == len(set(said))  # each build that failed is said once
     assert not list(tmp_path.rglob("*.so"))  # nothing half-written left in the cache

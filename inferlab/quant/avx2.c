@@ -1,0 +1,337 @@
+/* Decode loops for every quantized format on x86 CPUs with AVX2 and no AVX-512 VNNI (most laptops,
+   many servers): the loops of vnni.c, row for row, with AVX2's integer products in place of VNNI's.
+
+   vnni.c's vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each four products
+   into an int32 lane in one instruction. AVX2 takes two for 32 bytes, as llama.cpp's quants.c does:
+   vpmaddubsw multiplies 32 unsigned by 32 signed bytes and adds neighbouring pairs into 16 int16
+   lanes, and vpmaddwd by ones adds neighbouring int16 into 8 int32 lanes. vpmaddubsw saturates at
+   32767, so each pair must stay below it:
+   - 4-bit codes (0..15) against int8 activations (|x| <= 127): 2 * 15 * 127 = 3810, always exact,
+     and two such pair sums still fit an int16 (INT4 adds its low and high nibbles before widening);
+   - int8 weights against int8 activations (Q8_0): exact only through the sign trick, |w| on the
+     unsigned side and x carrying w's sign (vpsignb), at most 2 * 128 * 127 = 32512.
+   INT8 keeps int16 activations (see vnni.c): vpmaddwd multiplies them by the widened weights
+   directly. NF4 looks its 16 code values up in two registers of 8 (vpermps) and blends by the
+   code's top bit.
+
+   Each loop has the same name and arguments as its vnni.c twin, so inferlab/quant/vnni.py loads
+   whichever build the CPU runs; the activations are quantized by the same activations.h. Each
+   function returns 0, or -1 when it could not allocate its small activation buffers. */
+#include <immintrin.h>
+#include "activations.h"  /* quantize_activations, activation_buffers */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define PREFETCH_ROWS 8  /* as in vnni.c: ask for the codes of the row this many ahead */
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+/* Rows in chunks of up to 4, each weight block unpacked once per chunk (see vnni.c). */
+#define ROW_CHUNKS(M, CALL) do { \
+        int m0 = 0; \
+        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
+        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
+    } while (0)
+
+int inferlab_avx2_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+AVX2 static inline float f16_at(const uint8_t *p) {
+    return _cvtsh_ss((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+AVX2 static inline float hsum256(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* 8 int32 lanes that add up to sum_i u_i s_i over 32 unsigned u and signed s bytes (pairs exact:
+   see the top of the file). */
+AVX2 INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* INT8: q [N, K] int8, fp16 scales [N]; x [M, K] -> y [M, N], K % 32 == 0, int16 activations per
+   block of 32. 32 weights widen to int16 in two registers and meet each row in two vpmaddwd. */
+AVX2 INLINE void int8_rows(const int16_t *xq, const float *xs, int K, int B, const int8_t *row, float s,
+                           float *y, int N, int n, int m0, const int MR) {
+    __m256 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * K + b * 32), _MM_HINT_T0);
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + b * 32)));
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(row + b * 32 + 16)));
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const int16_t *xb = xq + (size_t)m * K + b * 32;
+            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xb)),
+                                                 _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xb + 16))));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(xs[m * B + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) * s;
+}
+
+AVX2 int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight, const uint16_t *scales,
+                            int N, float *y, int nthreads) {
+    const int B = K / 32;
+    int16_t *xq; float *xs;
+    if (activation_buffers(M, K, 32, 2, (void **)&xq, &xs, NULL)) return -1;
+    quantize_activations(x, M, K, 32, 32767, 0, 0, xq, xs, NULL);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, _cvtsh_ss(scales[n]), y, N, n, m0, R)
+        ROW_CHUNKS(M, INT8_ROWS);
+    }
+    free(xq); free(xs);
+    return 0;
+}
+
+/* INT4 (layout of vnni.c's INT4): 32 bytes hold 64 weights, low nibbles the even columns, high the
+   odd; activations int8 per group, split even / odd. Both nibbles' pair sums are added in int16
+   (at most 4 * 15 * 127) before one widening per row. */
+AVX2 INLINE void int4_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K, int G,
+                           int group_size, const uint8_t *row, const uint16_t *scales, const uint8_t *zeros,
+                           float *y, int N, int n, int m0, const int MR) {
+    const int chunks = group_size / 64, half = K / 2;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    float zero_part[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); zero_part[j] = 0.f; }
+    for (int g = 0; g < G; g++) {
+        __m256i dot[4];
+        for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+        for (int c = 0; c < chunks; c++) {
+            const int off = g * (group_size / 2) + c * 32;
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(row + off));
+            if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                const __m256i pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xe + at))),
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xo + at))));
+                dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        const float s = _cvtsh_ss(scales[g]), z = (float)zeros[g];
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const float sx = s * xs[m * G + g];
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_set1_ps(sx), acc[j]);
+            zero_part[j] += sx * z * (float)xsum[m * G + g];
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) - zero_part[j];
+}
+
+AVX2 int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, const uint16_t *scales,
+                            const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
+    const int G = K / group_size, half = K / 2;
+    int8_t *xe; float *xs; int32_t *xsum;  /* xe: even columns, then (at M * half) odd columns */
+    if (activation_buffers(M, K, group_size, 1, (void **)&xe, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, group_size, 127, 1, 0, xe, xs, xsum);
+    const int8_t *xo = xe + (size_t)M * half;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define INT4_ROWS(R) int4_rows(xe, xo, xs, xsum, K, G, group_size, qweight + (size_t)n * half, \
+                               scales + (size_t)n * G, zeros + (size_t)n * G, y, N, n, m0, R)
+        ROW_CHUNKS(M, INT4_ROWS);
+    }
+    free(xe); free(xs); free(xsum);
+    return 0;
+}
+
+/* Q8_0: 34-byte blocks (fp16 d, 32 int8 codes), w = q * d; signed activation codes. |q| is taken
+   once per block, the sign moves onto each row's activations. */
+AVX2 INLINE void q8_0_rows(const int8_t *xq, const float *xs, int K, int B, const uint8_t *row, int row_bytes,
+                           float *y, int N, int n, int m0, const int MR) {
+    __m256 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        const uint8_t *blk = row + b * 34;
+        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        const __m256i q_abs = _mm256_sign_epi8(q, q);
+        const float d = f16_at(blk);
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
+            const __m256i dot = dot_u8s8(q_abs, _mm256_sign_epi8(xb, q));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xs[m * B + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]);
+}
+
+AVX2 int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    const int B = K / 32, row_bytes = B * 34;
+    int8_t *xq; float *xs;
+    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, NULL)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, NULL);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define Q8_0_ROWS(R) q8_0_rows(xq, xs, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
+        ROW_CHUNKS(M, Q8_0_ROWS);
+    }
+    free(xq); free(xs);
+    return 0;
+}
+
+/* Q4_0 (18-byte blocks, w = (q - 8) d) and Q4_1 (20 bytes, w = d q + m): 16 bytes of nibbles after
+   the fp16 d (and m), code i low in byte i, code i + 16 high; the constant c = -8 d or m leaves the
+   integer loop once per block through the activations' sum (see vnni.c). */
+AVX2 INLINE void nibble_rows(const int8_t *xq, const float *xs, const int32_t *xsum, int K, int B, const uint8_t *row,
+                             int row_bytes, float *y, int N, int n, int m0, const int MR, const int has_min) {
+    const int block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m256 acc[4];
+    float offset[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); offset[j] = 0.f; }
+    for (int b = 0; b < B; b++) {
+        const uint8_t *blk = row + b * block_bytes;
+        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        const float d = f16_at(blk), c = has_min ? f16_at(blk + 2) : -8.f * d;
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
+            const float xsb = xs[m * B + b];
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q, xb)), _mm256_set1_ps(d * xsb), acc[j]);
+            offset[j] += c * xsb * (float)xsum[m * B + b];
+        }
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) + offset[j];
+}
+
+AVX2 INLINE int nibble_blocks_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y,
+                                   int nthreads, const int has_min) {
+    const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
+    int8_t *xq; float *xs; int32_t *xsum;
+    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
+        ROW_CHUNKS(M, NIBBLE_ROWS);
+    }
+    free(xq); free(xs); free(xsum);
+    return 0;
+}
+
+AVX2 int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 0);
+}
+
+AVX2 int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 1);
+}
+
+/* Q4_K: 144-byte super-blocks of 256 (d, dmin, 12 bytes of 6-bit sub-block scales and mins, 128
+   bytes of codes), sub-block j of 32: w = d sc_j q - dmin m_j; chunk i holds sub-block 2i low and
+   2i + 1 high (inferlab/quant/ggml.py). */
+AVX2 INLINE void q4_k_rows(const int8_t *xq, const float *xs, const int32_t *xsum, int K, int S, const uint8_t *row,
+                           int row_bytes, float *y, int N, int n, int m0, const int MR) {
+    const int B = K / 32;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+    float mins[4];
+    for (int r = 0; r < MR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
+    for (int s = 0; s < S; s++) {
+        const uint8_t *sb = row + s * 144, *q6 = sb + 4;
+        if (m0 == 0)
+            for (int p = 0; p < 144; p += 64) _mm_prefetch((const char *)(sb + p + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const float d = f16_at(sb), dmin = f16_at(sb + 2);
+        for (int i = 0; i < 4; i++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h, blk = s * 8 + j;
+                const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
+                const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                const __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
+                for (int r = 0; r < MR; r++) {
+                    const int m = m0 + r;
+                    const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + blk * 32));
+                    const float xsb = xs[m * B + blk];
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q, xb)), _mm256_set1_ps(d * sc * xsb), acc[r]);
+                    mins[r] += dmin * mn * xsb * (float)xsum[m * B + blk];
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++) y[(size_t)(m0 + r) * N + n] = hsum256(acc[r]) - mins[r];
+}
+
+AVX2 int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    const int S = K / 256, row_bytes = S * 144;
+    int8_t *xq; float *xs; int32_t *xsum;
+    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
+    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
+        ROW_CHUNKS(M, Q4_K_ROWS);
+    }
+    free(xq); free(xs); free(xsum);
+    return 0;
+}
+
+/* NF4 (bitsandbytes' layout, see vnni.c): byte i holds code 2i high and 2i + 1 low. The 16 code
+   values sit in two registers of 8: vpermps looks each code's low 3 bits up in both, and its top
+   bit picks one (vblendvps reads the sign bit, where a shift by 28 puts bit 3). Stays in float. */
+AVX2 INLINE __m256 nf4_lookup(__m256i idx, __m256 lo_table, __m256 hi_table) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo_table, idx), _mm256_permutevar8x32_ps(hi_table, idx),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+AVX2 INLINE void nf4_rows(const float *xe, const float *xo, int K, const uint8_t *row, const float *absmax,
+                          const float *code, int blocksize, float *y, int N, int n, int m0, const int MR) {
+    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 16;
+    const __m256 lo_table = _mm256_loadu_ps(code), hi_table = _mm256_loadu_ps(code + 8);
+    const __m256i low = _mm256_set1_epi32(15);
+    __m256 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        __m256 part[4];
+        for (int j = 0; j < MR; j++) part[j] = _mm256_setzero_ps();
+        for (int t = 0; t < steps; t++) {
+            const int off = b * blocksize / 2 + t * 8;
+            if (m0 == 0 && t % 8 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + off)));
+            const __m256 we = nf4_lookup(_mm256_srli_epi32(v, 4), lo_table, hi_table);
+            const __m256 wo = nf4_lookup(_mm256_and_si256(v, low), lo_table, hi_table);
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                part[j] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xe + at), part[j]);
+                part[j] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xo + at), part[j]);
+            }
+        }
+        const __m256 a = _mm256_set1_ps(absmax[b]);
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_fmadd_ps(part[j], a, acc[j]);
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]);
+}
+
+AVX2 int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
+                           const float *code, int N, int blocksize, float *y, int nthreads) {
+    const int half = K / 2, blocks = K / blocksize;
+    float *xe = malloc(sizeof(float) * M * K);
+    if (!xe) return -1;
+    float *xo = xe + (size_t)M * half;
+    for (int m = 0; m < M; m++)
+        for (int i = 0; i < half; i++) {
+            xe[(size_t)m * half + i] = x[(size_t)m * K + 2 * i];
+            xo[(size_t)m * half + i] = x[(size_t)m * K + 2 * i + 1];
+        }
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define NF4_ROWS(R) nf4_rows(xe, xo, K, qweight + (size_t)n * half, absmax + (size_t)n * blocks, code, blocksize, y, N, n, m0, R)
+        ROW_CHUNKS(M, NF4_ROWS);
+    }
+    free(xe);
+    return 0;
+}
