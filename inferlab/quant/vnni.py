@@ -15,7 +15,8 @@ in float, so NF4 stays exact.
 
 The C files are compiled on first use with the system compiler into ``~/.cache/inferlab``
 (``INFERLAB_CACHE``), keyed by their hash, and loaded with ctypes. The build follows the CPU:
-AVX-512 VNNI where it has it, else AVX2 (with FMA and F16C); ``ATEN_CPU_CAPABILITY=avx2`` or
+AVX-512 VNNI where it has it, else AVX2 (with FMA and F16C), and on aarch64 NEON (``neon.c``, with
+the dot-product extension where the CPU has it; no NF4 loop there); ``ATEN_CPU_CAPABILITY=avx2`` or
 ``default`` (torch's kernels below AVX-512) takes the AVX2 build too, so the process runs as on an
 AVX2 laptop. Where there is no compiler, no such x86 CPU, or ``INFERLAB_QUANT_KERNEL`` is
 ``compiled`` or ``eager``, :func:`available` is False and the callers use the compiled products or
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 MAX_LOOP_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
 AVX2_SOURCE = Path(__file__).with_name("avx2.c")
+NEON_SOURCE = Path(__file__).with_name("neon.c")
 HEADER = Path(__file__).with_name("activations.h")  # the activation quantizer both builds include
 PORTABLE_HEADER = Path(__file__).with_name("vnni_portable.h")
 BUILDS = ("native", "avx2", "portable")
@@ -60,7 +62,7 @@ def _build(source: Path, flags: tuple[str, ...] = (), depends: tuple[Path, ...] 
     files it includes (``depends``), flags and machine."""
     text = source.read_bytes() + b"".join(d.read_bytes() for d in depends) + " ".join(flags).encode()
     key = hashlib.sha256(text + platform.machine().encode()).hexdigest()[:16]
-    lib = cache_dir() / "kernels" / f"{source.stem}{'-portable' if flags else ''}-{key}.so"
+    lib = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
     if lib.exists():
         return lib
     lib.parent.mkdir(parents=True, exist_ok=True)
@@ -127,9 +129,34 @@ def _avx2_library():
     return _x86_library(AVX2_SOURCE, "inferlab_avx2_supported", "AVX2")
 
 
+def _has_dotprod() -> bool:
+    """Does this aarch64 CPU have ARMv8.2's dot-product instructions (``asimddp`` in /proc/cpuinfo;
+    every Apple-silicon core has them)?"""
+    if platform.system() == "Darwin":
+        return True
+    try:
+        return "asimddp" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+@functools.cache
+def _neon_library():
+    """The NEON build for aarch64 (with ``+dotprod`` where the CPU has it), or None."""
+    if platform.machine().lower() not in ("aarch64", "arm64") or not fused.compiler_available():
+        return None
+    try:
+        return ctypes.CDLL(str(_build(NEON_SOURCE, ("-march=armv8.2-a+dotprod",) if _has_dotprod() else (), (HEADER,))))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("inferlab: the NEON decode loops did not build (%s); quantized linears use the compiled products", e)
+        return None
+
+
 @functools.cache
 def _native_library():
-    """The CPU's best build: AVX-512 VNNI, else AVX2 (also when torch is capped below AVX-512)."""
+    """The CPU's best build: AVX-512 VNNI, else AVX2 (also when torch is capped below AVX-512); NEON on aarch64."""
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return _neon_library()
     if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() in ("zvector", "vsx"):
         return None
     if os.environ.get("ATEN_CPU_CAPABILITY", "avx512").lower() not in ("default", "avx2"):
@@ -140,10 +167,13 @@ def _native_library():
 
 
 def isa() -> str | None:
-    """The instructions the loops run on here: ``avx512-vnni``, ``avx2``, ``portable`` or None."""
+    """The instructions the loops run on here: ``avx512-vnni``, ``avx2``, ``neon``, ``neon-dotprod``,
+    ``portable`` or None."""
     if not available():
         return None
     lib = _library()
+    if lib is _neon_library():
+        return "neon-dotprod" if lib.inferlab_neon_dotprod() else "neon"
     return "portable" if lib is _portable_library() else "avx2" if lib is _avx2_library() else "avx512-vnni"
 
 
@@ -161,6 +191,14 @@ def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 _available = torch._dynamo.assume_constant_result(available)
+
+
+def nf4_available() -> bool:
+    """Is there an NF4 loop here (the NEON build has none)?"""
+    return available() and hasattr(_library(), "inferlab_nf4_gemv")
+
+
+_nf4_available = torch._dynamo.assume_constant_result(nf4_available)
 
 
 def _run(name: str, x: torch.Tensor, n_out: int, *args) -> torch.Tensor:
@@ -249,6 +287,6 @@ def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, cod
     K = x.shape[-1]
     if blocksize % 32 or K % blocksize or absmax.dtype != torch.float32 or code.dtype != torch.float32 \
             or not (qweight.is_contiguous() and absmax.is_contiguous() and code.is_contiguous()) \
-            or not _usable(x, qweight):
+            or not (_usable(x, qweight) and _nf4_available()):
         return None
     return _call(nf4_gemv, x, qweight, absmax, code, blocksize)
