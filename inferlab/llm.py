@@ -31,7 +31,7 @@ class LLM:
     model: an embedded model name ("target", "draft"), an HF model folder, or a hub id.
     attention_backend: the attention seam ("torch"; more backends register themselves).
     block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
-    enable_prefix_caching, enable_chunked_prefill, scheduler_policy ("continuous" or "static"),
+    enable_prefix_caching, enable_chunked_prefill, batching_policy ("continuous" or "static"),
     gpu_memory_utilization: the engine's knobs (``inferlab.engine.config``).
     scheduling_policy: vLLM's queue order, "fcfs" (default) or "priority": then ``generate``'s
         ``priority`` list orders the requests (lower first, ties by arrival) and the lowest
@@ -56,13 +56,13 @@ class LLM:
                  attention_backend: str = "torch", block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, enable_prefix_caching: bool = False,
-                 enable_chunked_prefill: bool = False, scheduler_policy: str = "continuous",
+                 enable_chunked_prefill: bool = False, batching_policy: str = "continuous",
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
                  speculative_config: dict | None = None, scheduling_policy: str = "fcfs",
                  tensor_parallel_size: int = 1, enforce_eager: bool = True, max_logprobs: int = 20,
                  logprobs_mode: str = "raw_logprobs"):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
-                              enable_prefix_caching, enable_chunked_prefill, scheduler_policy,
+                              enable_prefix_caching, enable_chunked_prefill, batching_policy,
                               gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager,
                               max_logprobs, logprobs_mode)
         spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads

@@ -13,7 +13,7 @@ requests batched per step, which is where the throughput comes from:
 
 Here both Orca rows are *static* batches formed at admission: FIFO, requests join the batch while
 their reservations fit in the budget, the batch runs to completion through the engine
-(``scheduler_policy="static"``, ``max_num_seqs`` = the batch), then the next is formed. The
+(``batching_policy="static"``, ``max_num_seqs`` = the batch), then the next is formed. The
 grouping is done by this benchmark, which hands each group to the engine; the engine's KV pool is
 sized to hold the group, which never needs more than its reservations. (The paper's Orca schedules
 at iteration level inside its reservations; static batches add the wait for a batch's longest
@@ -155,7 +155,7 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
     if budget < max_model_len:
         raise ValueError(f"the KV budget ({budget} tokens) must hold at least one max_model_len ({max_model_len}) sequence")
     vllm = LLM(model, device=device, block_size=block_size, num_kv_blocks=budget // block_size,
-               max_num_seqs=max_num_seqs, max_model_len=max_model_len, scheduler_policy="continuous")
+               max_num_seqs=max_num_seqs, max_model_len=max_model_len, batching_policy="continuous")
     workload = make_sharegpt_workload(vllm.tokenizer, num_requests, seed, scale)
     lengths = [len(w["prompt"]) + w["max_tokens"] for w in workload]
     batches = {s: static_batches(lengths, s, budget, max_model_len) for s in SCHEMES}
@@ -163,7 +163,7 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
     for s in SCHEMES:
         most = max(len(b) for b in batches[s])
         engines[s] = LLM(model, device=device, block_size=block_size, max_num_seqs=most, max_model_len=max_model_len,
-                         num_kv_blocks=budget // block_size + most, scheduler_policy="static")
+                         num_kv_blocks=budget // block_size + most, batching_policy="static")
     warm = make_sharegpt_workload(vllm.tokenizer, 8, seed + 1, scale)
     for w in warm:
         w["max_tokens"] = min(w["max_tokens"], 8)

@@ -53,7 +53,7 @@ def run_offline(llm_kwargs: dict, workload: list[dict], llm: LLM | None = None, 
     queries = after["prefix_queries"] - before["prefix_queries"]
     by_id = {o.request_id: o.outputs[0].token_ids for o in finals}
     extra = {"token_ids": [by_id.get(f"offline-{i}") for i in range(len(workload))]} if keep_outputs else {}
-    return {**extra, "policy": engine.config.scheduler_policy, "requests": len(finals),
+    return {**extra, "policy": engine.config.batching_policy, "requests": len(finals),
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in finals), "output_tokens": out_tokens,
             "elapsed_s": elapsed, "output_tokens_per_s": out_tokens / elapsed, "requests_per_s": len(finals) / elapsed,
             "mean_ttft_s": statistics.fmean(ttft), "mean_tpot_s": statistics.fmean(tpot) if tpot else 0.0,

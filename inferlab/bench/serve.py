@@ -92,7 +92,7 @@ def compare_policies(model: str = "target", num_requests: int = 64, max_num_seqs
     completed, leaked = num_requests, 0  # over every run, not only the best ones
     for _ in range(repeats):
         for policy in ("continuous", "static"):
-            llm = LLM(**common, scheduler_policy=policy)
+            llm = LLM(**common, batching_policy=policy)
             run_offline({}, warm, llm=llm)
             run = run_offline({}, workload, llm=llm)
             completed, leaked = min(completed, run["requests"]), leaked + run["leaked_blocks"]

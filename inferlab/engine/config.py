@@ -11,7 +11,7 @@
     max_model_len           longest sequence (prompt + output); default: the model's context
     enable_prefix_caching   reuse the KV blocks of a prompt prefix seen before
     enable_chunked_prefill  split long prompts into chunks that share steps with decodes
-    scheduler_policy        "continuous" (iteration-level) or "static"
+    batching_policy         "continuous" (iteration-level) or "static"
     scheduling_policy       vLLM's queue order: "fcfs" (arrival) or "priority" (each request's
                             ``priority``, lower first, ties by arrival; lowest preempted first)
     speculative_config      None, or vLLM's dict: {"method": "ngram", "num_speculative_tokens": 3,
@@ -48,7 +48,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool = False
-    scheduler_policy: str = "continuous"
+    batching_policy: str = "continuous"
     gpu_memory_utilization: float = 0.9
     speculative_config: dict | SpeculativeConfig | None = None
     scheduling_policy: str = "fcfs"
@@ -64,8 +64,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two >= 1 (e.g. 16), got {bs!r}")
         if c.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
-        if c.scheduler_policy not in POLICIES:
-            raise ValueError(f"unknown scheduler_policy {c.scheduler_policy!r}: choose one of {', '.join(POLICIES)}")
+        if c.batching_policy not in POLICIES:
+            raise ValueError(f"unknown batching_policy {c.batching_policy!r}: choose one of {', '.join(POLICIES)}")
         if c.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"unknown scheduling_policy {c.scheduling_policy!r}: choose 'fcfs' (arrival order) "
                              f"or 'priority' (each request's priority, lower first)")

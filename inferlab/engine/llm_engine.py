@@ -46,7 +46,7 @@ class LLMEngine:
         self.kv_cache = PagedKVCache.for_model(model.config, c.num_kv_blocks, c.block_size, model.dtype, model.device,
                                                num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
-                                   c.enable_chunked_prefill, c.scheduler_policy, c.scheduling_policy)
+                                   c.enable_chunked_prefill, c.batching_policy, c.scheduling_policy)
         # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
         self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
         # Medusa reads hidden states through a hook, which a compiled forward would not run

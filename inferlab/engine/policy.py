@@ -1,4 +1,4 @@
-"""Scheduling policies: one step of the scheduler, written with its primitives.
+"""Batching policies (`batching_policy`): one step of the scheduler, written with its primitives.
 
 ``continuous`` is iteration-level scheduling (Orca, vLLM): sequences join and leave the batch at
 every step. ``static`` admits a batch and runs it until its longest request ends, the way a
@@ -16,21 +16,40 @@ Under "fcfs" there is one level and this is the plain continuous policy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
+from inferlab.engine.request import EngineSequence
 from inferlab.engine.sched_output import SchedulerOutput
 
-if TYPE_CHECKING:  # the scheduler imports this module to pick its policy; annotations only here
-    from inferlab.engine.scheduler import Scheduler
+
+class SchedulerView(Protocol):
+    """What a policy sees of the scheduler (``inferlab.engine.scheduler.Scheduler``): its queues, to
+    read, and the primitives that change them. A policy never edits the queues or the block manager
+    itself, so each rule (the token budget, guesses, preemption order) has one owner there."""
+    running: Sequence[EngineSequence]
+    waiting: Sequence[EngineSequence]
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    by_priority: bool
+
+    def level(self, seq: EngineSequence) -> int: ...
+    def levels(self) -> list[int]: ...
+    def victim(self) -> EngineSequence: ...
+    def num_new_tokens(self, seq: EngineSequence, budget: int) -> int: ...
+    def grow(self, seq: EngineSequence, end: int, out: SchedulerOutput) -> bool: ...
+    def drop_guesses(self, seq: EngineSequence) -> int: ...
+    def preempt(self, seq: EngineSequence, out: SchedulerOutput) -> None: ...
+    def admit(self, seq: EngineSequence, budget: int, out: SchedulerOutput) -> int: ...
 
 
-class SchedulingPolicy(ABC):
+class BatchingPolicy(ABC):
     @abstractmethod
-    def schedule(self, s: "Scheduler") -> SchedulerOutput:
+    def schedule(self, s: SchedulerView) -> SchedulerOutput:
         """Pick this step's sequences and token counts; preempt when the KV pool runs dry."""
 
 
-def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int, level: int | None = None) -> int:
+def schedule_running(s: SchedulerView, out: SchedulerOutput, budget: int, level: int | None = None) -> int:
     """Running sequences (of ``level``; None: all), oldest first, each gets its next tokens; when
     blocks run out the scheduler's victim (``Scheduler.victim``: the newest, or the lowest priority)
     is preempted, possibly the one being scheduled. Returns the budget left."""
@@ -43,10 +62,8 @@ def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int, level: i
         if k == 0:
             break
         while not s.grow(seq, seq.num_computed_tokens + k, out):
-            if seq.spec_token_ids:  # guesses are optional: drop them before preempting anyone
-                k -= len(seq.spec_token_ids)
-                seq.spec_token_ids = []
-                s.block_manager.truncate(seq.seq_id, seq.num_computed_tokens + k)
+            if s.drop_guesses(seq):  # guesses are optional: drop them before preempting anyone
+                k = s.num_new_tokens(seq, budget)
                 continue
             victim = s.victim()  # the last running: never one already scheduled (those come before)
             s.preempt(victim, out)
@@ -58,7 +75,7 @@ def schedule_running(s: "Scheduler", out: SchedulerOutput, budget: int, level: i
     return budget
 
 
-def admit_waiting(s: "Scheduler", out: SchedulerOutput, budget: int, level: int | None = None) -> int:
+def admit_waiting(s: SchedulerView, out: SchedulerOutput, budget: int, level: int | None = None) -> int:
     """Admit waiting sequences (of ``level``; None: all) in queue order while they fit; stop at the
     first that does not (no one overtakes it). Under "priority", one that does not fit preempts
     running sequences of a lower priority first (their blocks and slots), then tries again."""
@@ -76,8 +93,8 @@ def admit_waiting(s: "Scheduler", out: SchedulerOutput, budget: int, level: int 
     return budget
 
 
-class ContinuousPolicy(SchedulingPolicy):
-    def schedule(self, s: "Scheduler") -> SchedulerOutput:
+class ContinuousPolicy(BatchingPolicy):
+    def schedule(self, s: SchedulerView) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = s.max_num_batched_tokens
         for level in s.levels():  # one level under "fcfs"
@@ -90,14 +107,14 @@ class ContinuousPolicy(SchedulingPolicy):
         return out
 
 
-class StaticPolicy(SchedulingPolicy):
+class StaticPolicy(BatchingPolicy):
     """Admission opens when the batch has drained and closes once the batch is formed (full,
     nothing waiting, or the pool short); until then only the admitted sequences run."""
 
     def __init__(self):
         self.batch_open = True
 
-    def schedule(self, s: "Scheduler") -> SchedulerOutput:
+    def schedule(self, s: SchedulerView) -> SchedulerOutput:
         out = SchedulerOutput()
         if not s.running:
             self.batch_open = True
@@ -110,10 +127,10 @@ class StaticPolicy(SchedulingPolicy):
         return out
 
 
-POLICIES: dict[str, type[SchedulingPolicy]] = {"continuous": ContinuousPolicy, "static": StaticPolicy}
+POLICIES: dict[str, type[BatchingPolicy]] = {"continuous": ContinuousPolicy, "static": StaticPolicy}
 
 
-def get_policy(name: str) -> SchedulingPolicy:
+def get_policy(name: str) -> BatchingPolicy:
     if name not in POLICIES:
-        raise ValueError(f"unknown scheduler_policy {name!r}: choose one of {', '.join(POLICIES)}")
+        raise ValueError(f"unknown batching_policy {name!r}: choose one of {', '.join(POLICIES)}")
     return POLICIES[name]()

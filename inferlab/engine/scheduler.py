@@ -98,9 +98,11 @@ class Scheduler:
     # ---- primitives the policies are written with -------------------------------------------
     def num_new_tokens(self, seq: EngineSequence, budget: int) -> int:
         """Tokens ``seq`` would compute now under ``budget``: all that remain, or a chunk (0: wait).
-        A decode's guesses count too, cut to what the budget leaves after its own token."""
-        del seq.spec_token_ids[max(budget - 1, 0):]
-        remaining = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
+        A decode's guesses count too, as many as the budget leaves after its own token (a query:
+        the guesses past that stay on the sequence, and ``SchedulerOutput.add`` schedules only
+        those the count covers)."""
+        guesses = min(len(seq.spec_token_ids), max(budget - 1, 0))
+        remaining = seq.num_tokens + guesses - seq.num_computed_tokens
         if self.enable_chunked_prefill:
             return min(remaining, budget)
         return remaining if remaining <= budget else 0
@@ -116,6 +118,15 @@ class Scheduler:
         except NoFreeBlocksError:
             return False
         return True
+
+    def drop_guesses(self, seq: EngineSequence) -> int:
+        """Forget ``seq``'s guesses and the slots grown for them (the pool ran short: guesses are
+        optional). Returns how many there were."""
+        dropped = len(seq.spec_token_ids)
+        seq.spec_token_ids = []
+        if self.block_manager.num_tokens(seq.seq_id) > seq.num_tokens:
+            self.block_manager.truncate(seq.seq_id, seq.num_tokens)
+        return dropped
 
     def preempt(self, seq: EngineSequence, out: SchedulerOutput) -> None:
         """Free ``seq``'s blocks and put it back in the waiting queue, at the front (under "priority":

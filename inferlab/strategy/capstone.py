@@ -4,7 +4,7 @@ A deployment is a dict of switches, the engine's knobs plus the strategies of no
 
     quantization             None (fp32 on CPU, fp16 on a GPU), "int8", "awq", ... (inferlab.quant)
     enable_prefix_caching    share the system prompt's KV blocks between requests
-    scheduler_policy         "static" or "continuous"
+    batching_policy         "static" or "continuous"
     max_num_seqs             sequences per step
     semantic_cache_threshold None, or serve FAQ answers at this cosine similarity (wordllama, scoped by topic)
     router_threshold         None, or send requests whose small-model prompt NLL is <= this to the draft
@@ -30,7 +30,7 @@ import torch
 from inferlab.engine import EngineConfig, LLMEngine
 from inferlab.sampling import SamplingParams
 
-DEFAULT = {"quantization": None, "enable_prefix_caching": False, "scheduler_policy": "static", "max_num_seqs": 8,
+DEFAULT = {"quantization": None, "enable_prefix_caching": False, "batching_policy": "static", "max_num_seqs": 8,
            "semantic_cache_threshold": None, "router_threshold": None, "speculative": None}
 BITS = {None: 16, "int8": 8, "q8_0": 8.5, "awq": 4.25, "gptq": 4.25, "int4": 4.25, "nf4": 4.25, "q4_0": 4.5,
         "q4_1": 5.0, "q4_k": 4.5}
@@ -47,8 +47,8 @@ def check(deployment: dict) -> dict:
     d = {**DEFAULT, **deployment}
     if d["quantization"] not in BITS:
         raise ValueError(f"quantization {d['quantization']!r} is not one of {[k for k in BITS if k]} (or None)")
-    if d["scheduler_policy"] not in ("static", "continuous"):
-        raise ValueError(f"scheduler_policy must be 'static' or 'continuous', got {d['scheduler_policy']!r}")
+    if d["batching_policy"] not in ("static", "continuous"):
+        raise ValueError(f"batching_policy must be 'static' or 'continuous', got {d['batching_policy']!r}")
     if not isinstance(d["max_num_seqs"], int) or not 1 <= d["max_num_seqs"] <= 64:
         raise ValueError(f"max_num_seqs must be an integer in 1..64, got {d['max_num_seqs']!r}")
     if d["speculative"] is not None:
@@ -111,7 +111,7 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
     d = check(deployment)
     large, tok = models.get("target", d["quantization"])
     knobs = dict(block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, max_num_seqs=d["max_num_seqs"],
-                 enable_prefix_caching=d["enable_prefix_caching"], scheduler_policy=d["scheduler_policy"],
+                 enable_prefix_caching=d["enable_prefix_caching"], batching_policy=d["batching_policy"],
                  speculative_config=d["speculative"])
     engines = {"large": LLMEngine(large, tok, EngineConfig(**knobs))}
     small = None
@@ -236,5 +236,5 @@ def reference_deployment() -> dict:
     """One deployment that meets ``LAB_TARGET`` (there are others): continuous batching with room
     for the peak, prefix caching for the shared system prompt, INT8 weights to halve the bytes per
     step, and the FAQ cache scoped by topic at a threshold that serves few wrong answers."""
-    return {"scheduler_policy": "continuous", "max_num_seqs": 12, "enable_prefix_caching": True,
+    return {"batching_policy": "continuous", "max_num_seqs": 12, "enable_prefix_caching": True,
             "quantization": "int8", "semantic_cache_threshold": 0.65}

@@ -70,7 +70,7 @@ def run_traced(llm, workload: list[dict], snapshots: bool = False) -> dict:
                          "ttft_s": m.first_token_time - m.arrival_time,
                          "tpot_s": (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else None}
     out_tokens = sum(r["output_tokens"] for r in requests.values())
-    return {"policy": engine.config.scheduler_policy, "max_num_seqs": engine.config.max_num_seqs,
+    return {"policy": engine.config.batching_policy, "max_num_seqs": engine.config.max_num_seqs,
             "records": records, "requests": requests, "num_steps": len(records), "elapsed_s": elapsed,
             "output_tokens": out_tokens, "tokens_per_s": out_tokens / elapsed,
             "num_preemptions": sum(len(r["preempted"]) for r in records)}

@@ -33,7 +33,7 @@ Grade your work with `inferlab grade labs/05_continuous_batching`. Keep the name
 """
 from __future__ import annotations
 
-from inferlab.engine.policy import SchedulingPolicy
+from inferlab.engine.policy import BatchingPolicy
 from inferlab.engine.scheduler import Scheduler, SchedulerOutput
 
 
@@ -47,7 +47,7 @@ def schedule_running(s: Scheduler, out: SchedulerOutput, budget: int) -> int:
     raise NotImplementedError("about 14 lines")
 
 
-class ContinuousPolicy(SchedulingPolicy):
+class ContinuousPolicy(BatchingPolicy):
     def schedule(self, s: Scheduler) -> SchedulerOutput:
         """One step: the running sequences, then first-come-first-served admissions."""
         # TODO: out = SchedulerOutput(); budget = schedule_running(s, out, s.max_num_batched_tokens);

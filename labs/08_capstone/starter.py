@@ -20,7 +20,7 @@ def deployment() -> dict:
 
         "quantization":             None (fp32 here, fp16 on a GPU), "int8", "q8_0", "awq", "int4", ...
         "enable_prefix_caching":    False
-        "scheduler_policy":         "static" (or "continuous")
+        "batching_policy":         "static" (or "continuous")
         "max_num_seqs":             8        (1..64)
         "semantic_cache_threshold": None     (or a cosine similarity: serve FAQ answers, scoped by topic)
         "router_threshold":         None     (or send prompts whose draft NLL is <= this to the draft model)

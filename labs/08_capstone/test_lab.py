@@ -18,7 +18,7 @@ def setting():
     """The workload, the models (each variant loaded once) and the fp32 reference tokens."""
     workload = customer_workload(**C.LAB_WORKLOAD)
     models = C.Models(device="cpu")
-    reference = C.serve({"scheduler_policy": "continuous", "max_num_seqs": 16}, workload, models)["tokens"]
+    reference = C.serve({"batching_policy": "continuous", "max_num_seqs": 16}, workload, models)["tokens"]
     return workload, models, reference
 
 

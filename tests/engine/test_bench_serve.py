@@ -29,7 +29,7 @@ def test_run_offline_both_policies(tmp_path):
 
     save_with_tokenizer(tmp_path)
     workload = make_workload(12, seed=0, max_tokens=24, num_system_prompts=0)  # 128-token context
-    runs = {p: run_offline(dict(model=str(tmp_path), device="cpu", max_num_seqs=4, scheduler_policy=p), workload,
+    runs = {p: run_offline(dict(model=str(tmp_path), device="cpu", max_num_seqs=4, batching_policy=p), workload,
                            keep_outputs=True)
             for p in ("continuous", "static")}
     for r in runs.values():

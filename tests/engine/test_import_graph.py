@@ -1,7 +1,8 @@
 """The house has no import circles: every inferlab module imports, and the graph of who imports
-whom (read from the source, function-level imports included) has no cycle. A circle makes the
-import order matter, forces imports into function bodies, and says two modules should be one or
-share a third; each shared helper has one home instead."""
+whom (read from the source, function-level imports and those under ``if TYPE_CHECKING:``
+included) has no cycle. A circle makes the import order matter, forces imports into function
+bodies or behind TYPE_CHECKING, and says two modules should be one or share a third (or an
+interface: a Protocol); each shared helper has one home instead."""
 from __future__ import annotations
 
 import ast
@@ -23,27 +24,13 @@ def module_names() -> list[str]:
     return names
 
 
-def runtime_nodes(tree):
-    """Every node, except inside ``if TYPE_CHECKING:`` (imports for annotations only never run)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            test = getattr(child, "test", None) if isinstance(child, ast.If) else None
-            if test is not None and "TYPE_CHECKING" in ast.unparse(test):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
-
-
 def imports_of(name: str, modules: set[str]) -> set[str]:
     """inferlab modules ``name`` imports anywhere in its source (``from pkg import sub`` counts as
     importing ``pkg.sub`` when that is a module; a package's implicit parent imports do not count)."""
     path = ROOT.parent / (name.replace(".", "/") + ("/__init__.py" if (ROOT.parent / name.replace(".", "/")).is_dir() else ".py"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):  # TYPE_CHECKING imports count too
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):

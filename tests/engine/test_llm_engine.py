@@ -57,7 +57,7 @@ def test_llm_generate_runs_on_the_engine(target):
                                    dict(enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4),
                                    dict(enable_chunked_prefill=True, enable_prefix_caching=True,
                                         max_num_batched_tokens=16, block_size=4, max_num_seqs=4),
-                                   dict(scheduler_policy="static", max_num_seqs=2),
+                                   dict(batching_policy="static", max_num_seqs=2),
                                    dict(block_size=1), dict(block_size=64)])
 def test_knobs_do_not_change_greedy_tokens(target, knobs):
     shared = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
@@ -172,7 +172,7 @@ def test_counters_and_stats(target):
 
 @pytest.mark.parametrize("knobs, message", [
     (dict(block_size=3), "power of two"), (dict(block_size=0), "power of two"),
-    (dict(scheduler_policy="fifo"), "scheduler_policy"), (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(batching_policy="fifo"), "batching_policy"), (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(max_num_batched_tokens=64), "enable_chunked_prefill"),
     (dict(max_num_batched_tokens=8, enable_chunked_prefill=True), "max_num_seqs"),
     (dict(num_kv_blocks=0), "num_kv_blocks"), (dict(max_model_len=10_000), "max_model_len")])

@@ -46,7 +46,7 @@ def test_admission_follows_priority_then_arrival(tiny):
 
 def test_ties_go_by_arrival_time_not_by_call_order(tiny):
     for policy in ("continuous", "static"):
-        engine = make_engine(tiny, block_size=4, max_num_seqs=1, scheduling_policy="priority", scheduler_policy=policy)
+        engine = make_engine(tiny, block_size=4, max_num_seqs=1, scheduling_policy="priority", batching_policy=policy)
         steps = trace(engine)
         for rid, arrival in (("late", 30.0), ("early", 10.0), ("mid", 20.0)):
             engine.add_request(rid, [7, 8, 9], params(2), arrival_time=arrival, priority=1)

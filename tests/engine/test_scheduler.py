@@ -66,7 +66,7 @@ def test_static_waits_for_the_batch_continuous_does_not(tiny):
     lengths = [2, 20, 2, 2]
     finals = {}
     for policy in ("continuous", "static"):
-        engine = make_engine(tiny, max_num_seqs=2, scheduler_policy=policy)
+        engine = make_engine(tiny, max_num_seqs=2, batching_policy=policy)
         for i, n in enumerate(lengths):
             engine.add_request(str(i), [5, 6, 7], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
         finals[policy] = run_all(engine)
@@ -104,7 +104,7 @@ def test_preemption_takes_the_newest_and_requeues_it_first(tiny):
 def test_the_policy_seam_takes_a_new_policy(tiny):
     from inferlab.engine import policy
 
-    class OneAtATime(policy.SchedulingPolicy):
+    class OneAtATime(policy.BatchingPolicy):
         def schedule(self, s):
             out = policy.SchedulerOutput()
             budget = policy.schedule_running(s, out, s.max_num_batched_tokens)

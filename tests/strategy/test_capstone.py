@@ -19,7 +19,7 @@ def test_workload_is_seeded_and_shaped():
 
 
 @pytest.mark.parametrize("bad, words", [({"max_batch": 4}, "unknown switch"), ({"quantization": "int3"}, "quantization"),
-                                        ({"scheduler_policy": "fifo"}, "scheduler_policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
+                                        ({"batching_policy": "fifo"}, "batching_policy"), ({"max_num_seqs": 0}, "max_num_seqs"),
                                         ({"speculative": "ngram"}, "speculative_config must be a dict"),
                                         ({"speculative": {"model": "draft", "num_speculative_tokens": 2}}, "n-gram"),
                                         ([1], "dict")])
@@ -35,12 +35,12 @@ def runs():
     static = C.serve({}, workload, models)
     ref = static["tokens"]
     out = {"static": static, "workload": workload}
-    for name, dep in {"continuous": {"scheduler_policy": "continuous"},
-                      "prefix": {"scheduler_policy": "continuous", "enable_prefix_caching": True},
-                      "int8": {"scheduler_policy": "continuous", "enable_prefix_caching": True, "quantization": "int8"},
-                      "cache": {"scheduler_policy": "continuous", "enable_prefix_caching": True,
+    for name, dep in {"continuous": {"batching_policy": "continuous"},
+                      "prefix": {"batching_policy": "continuous", "enable_prefix_caching": True},
+                      "int8": {"batching_policy": "continuous", "enable_prefix_caching": True, "quantization": "int8"},
+                      "cache": {"batching_policy": "continuous", "enable_prefix_caching": True,
                                 "semantic_cache_threshold": 0.65},
-                      "spec": {"scheduler_policy": "continuous", "enable_prefix_caching": True,
+                      "spec": {"batching_policy": "continuous", "enable_prefix_caching": True,
                                "speculative": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}},
                       }.items():
         out[name] = C.serve(dep, workload, models, reference=ref)
@@ -78,7 +78,7 @@ def test_agreement_counts_tokens_at_their_positions():
     reference's tokens (a small workload of its own: two runs)."""
     workload = customer_workload(6, ticks=12, seed=2)
     models = C.Models(device="cpu")
-    dep = {"scheduler_policy": "continuous"}
+    dep = {"batching_policy": "continuous"}
     wrong, total = altered(C.serve(dep, workload, models)["tokens"])
     assert C.serve(dep, workload, models, reference=wrong)["agreement"] == pytest.approx(1 - 1 / total)
 
@@ -139,7 +139,7 @@ def test_ngram_speculation_keeps_some_guesses_and_saves_steps(runs):
 
 def test_router_sends_requests_to_the_draft(runs):
     workload = runs["workload"]
-    r = C.serve({"scheduler_policy": "continuous", "router_threshold": 100.0}, workload, C.Models(device="cpu"),
+    r = C.serve({"batching_policy": "continuous", "router_threshold": 100.0}, workload, C.Models(device="cpu"),
                 reference=runs["static"]["tokens"])
     assert r["by"]["small"] == len(workload) and r["steps"]["large"] == 0
     assert r["cost"] < 0.25 * runs["continuous"]["cost"]          # the draft reads ~1/6 of the bytes per step
@@ -148,14 +148,14 @@ def test_router_sends_requests_to_the_draft(runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dep", [C.reference_deployment(),
-                                 {"scheduler_policy": "continuous", "max_num_seqs": 16, "enable_prefix_caching": True,
+                                 {"batching_policy": "continuous", "max_num_seqs": 16, "enable_prefix_caching": True,
                                   "quantization": "int8"},
-                                 {"scheduler_policy": "continuous", "max_num_seqs": 16, "enable_prefix_caching": True,
+                                 {"batching_policy": "continuous", "max_num_seqs": 16, "enable_prefix_caching": True,
                                   "semantic_cache_threshold": 0.7}])
 def test_lab_target_has_several_answers(dep):
     workload = customer_workload(**C.LAB_WORKLOAD)
     models = C.Models(device="cpu")
-    ref = C.serve({"scheduler_policy": "continuous", "max_num_seqs": 16}, workload, models)["tokens"]
+    ref = C.serve({"batching_policy": "continuous", "max_num_seqs": 16}, workload, models)["tokens"]
     r = C.serve(dep, workload, models, reference=ref)
     T = C.LAB_TARGET
     assert r["ttft_steps_p99"] <= T["ttft_steps_p99"] and r["kv_peak_blocks"] <= T["kv_peak_blocks"]

@@ -17,7 +17,7 @@ WORKLOAD = [dict(w, max_tokens=n) for w, n in zip(make_workload(6, seed=3, share
 def runs():
     out = {}
     for policy in ("static", "continuous"):
-        llm = LLM("target", device="cpu", max_num_seqs=3, scheduler_policy=policy, block_size=8, num_kv_blocks=64,
+        llm = LLM("target", device="cpu", max_num_seqs=3, batching_policy=policy, block_size=8, num_kv_blocks=64,
                   max_model_len=96)
         out[policy] = bp.run_traced(llm, WORKLOAD, snapshots=policy == "continuous")
     return out
