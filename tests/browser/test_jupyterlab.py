@@ -176,6 +176,14 @@ def test_first_hour_in_jupyterlab(chromium, jupyterlab, tmp_path):
         first = _check_figures(page, "on first render")
         assert first["on_slope"] and first["decode"][0] == pytest.approx(1.0), first
         page.locator(CALC).screenshot(path=str(ARTIFACTS / "jupyterlab_00_calculator.png"))
+        # The real model in four formats on this machine's roofline: a point each, and fewer bytes
+        # per token put it further right (2 FLOPs per parameter over the bytes read).
+        real = [f for f in page.evaluate(FIGURES) if f["title"].startswith("SmolLM2-135M")]
+        assert len(real) == 1, [f["title"] for f in page.evaluate(FIGURES)]
+        where = {fmt: t["x"][0] for fmt in ("fp32", "int8", "int4", "as stored") for t in real[0]["traces"]
+                 if t["name"] and f"smollm2 {fmt}" in t["name"] and t["x"]}
+        assert list(where) == ["fp32", "int8", "int4", "as stored"], real[0]["traces"]
+        assert where["fp32"] < where["int8"] < where["int4"] < where["as stored"], where
 
         seen = [_change(page, "the batch", _press(page, "batch", "ArrowRight", 3))]
         assert "batch 8" in seen[-1]["title"] and seen[-1]["decode"][0] == pytest.approx(8.0)
