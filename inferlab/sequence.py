@@ -32,6 +32,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def max_guesses(self, k: int) -> int:
+        """How many of ``k`` speculative guesses could be kept: a verify step emits the accepted
+        guesses plus one token of its own, and never more than ``max_tokens`` allows (0 or less:
+        guess nothing)."""
+        return min(k, self.params.max_tokens - len(self.output_token_ids) - 1)
+
     def output_text(self, tokenizer=None) -> str:
         """The generated text: cut before the stop string that matched, if one did."""
         if self.detokenizer is not None:

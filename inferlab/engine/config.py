@@ -31,7 +31,7 @@ import dataclasses
 import torch
 
 from inferlab.cache.paged import PagedKVCache
-from inferlab.engine.policy import POLICIES
+from inferlab.engine.policy import check_name as check_batching_policy
 from inferlab.logprobs import LOGPROBS_MODES, MAX_LOGPROBS
 from inferlab.spec.config import SpeculativeConfig
 
@@ -64,8 +64,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two >= 1 (e.g. 16), got {bs!r}")
         if c.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {c.max_num_seqs}")
-        if c.batching_policy not in POLICIES:
-            raise ValueError(f"unknown batching_policy {c.batching_policy!r}: choose one of {', '.join(POLICIES)}")
+        check_batching_policy(c.batching_policy)
         if c.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"unknown scheduling_policy {c.scheduling_policy!r}: choose 'fcfs' (arrival order) "
                              f"or 'priority' (each request's priority, lower first)")

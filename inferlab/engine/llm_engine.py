@@ -162,7 +162,7 @@ class LLMEngine:
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = now
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
-        is_decode = [_is_decode(s.seq, s.num_committed) for s in out.scheduled]
+        is_decode = [s.is_decode for s in out.scheduled]
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
         num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
         prompt_rows = self._prompt_rows(out)  # None unless a request wants prompt log-probs from this step
@@ -210,7 +210,7 @@ class LLMEngine:
         rows = []
         for s in out.scheduled:
             seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
-            decode = _is_decode(seq, s.num_committed)
+            decode = s.is_decode
             rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
                          "num_spec_tokens": len(s.spec_token_ids),
                          "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
@@ -358,8 +358,3 @@ class LLMEngine:
                  kv_cache_bytes=self.kv_cache.nbytes, num_running=self.num_running,
                  num_waiting=self.num_waiting, num_preemptions=self.num_preemptions)
         return s
-
-
-def _is_decode(seq: EngineSequence, num_new_tokens: int) -> bool:
-    """This step computes only the token sampled last (not a prompt token, however short the prompt)."""
-    return num_new_tokens == 1 and bool(seq.output_token_ids) and seq.num_computed_tokens == seq.num_tokens - 1

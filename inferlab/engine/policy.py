@@ -130,7 +130,12 @@ class StaticPolicy(BatchingPolicy):
 POLICIES: dict[str, type[BatchingPolicy]] = {"continuous": ContinuousPolicy, "static": StaticPolicy}
 
 
-def get_policy(name: str) -> BatchingPolicy:
+def check_name(name: str) -> str:
+    """``name`` if it names a batching policy, else the one-line ValueError every caller gives."""
     if name not in POLICIES:
         raise ValueError(f"unknown batching_policy {name!r}: choose one of {', '.join(POLICIES)}")
-    return POLICIES[name]()
+    return name
+
+
+def get_policy(name: str) -> BatchingPolicy:
+    return POLICIES[check_name(name)]()

@@ -23,6 +23,12 @@ class ScheduledSeq:
         """New tokens that are the sequence's own (the rest are guesses to verify)."""
         return self.num_new_tokens - len(self.spec_token_ids)
 
+    @property
+    def is_decode(self) -> bool:
+        """This step computes only the token sampled last (not a prompt token, however short the
+        prompt), plus any guesses behind it."""
+        return self.num_committed == 1 and self.seq.is_decoding
+
 
 @dataclasses.dataclass
 class SchedulerOutput:

@@ -42,7 +42,7 @@ def propose(running, k: int, proposer=None, medusa=None) -> None:
     With neither (a draft model guesses after scheduling: its guesses' K/V need the reserved
     slots) a sequence only reserves its k places, filled by ``inferlab.engine.draft``."""
     for seq in running:
-        room = min(k, seq.params.max_tokens - len(seq.output_token_ids) - 1)
+        room = seq.max_guesses(k)
         if not seq.is_decoding or room <= 0:
             seq.spec_token_ids = []
         elif medusa is not None:

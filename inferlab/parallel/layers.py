@@ -156,9 +156,12 @@ class ParallelLMHead(VocabParallelEmbedding):
 # The module keeps its own class (packing and the fast paths see what they always see); ``_tp``
 # says which slice it holds, and a row-parallel one all-reduces its output in a forward hook.
 
+SHARDABLE_METHODS = ("int8", "int4")  # per row (int8) or per group of a row (int4): cut by rows or whole groups
+
+
 def _check_shardable(module: nn.Module) -> None:
     method = getattr(module, "method", type(module).__name__)
-    if method not in ("int8", "int4"):
+    if method not in SHARDABLE_METHODS:
         raise TensorParallelError(f"{method} linears do not shard (their blocks run over the flattened "
                                        "weight): use int8 or int4, or tensor_parallel_size=1")
     if getattr(module, "perm", None) is not None:

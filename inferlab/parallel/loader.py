@@ -19,7 +19,7 @@ from inferlab.model.loader import _quantization_config, _weight_files, assemble,
 from inferlab.model import CausalLM
 from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.factory import TensorParallelFactory
-from inferlab.parallel.layers import quantized_full_shape, shard_quantized
+from inferlab.parallel.layers import SHARDABLE_METHODS, quantized_full_shape, shard_quantized
 
 
 def build_shard(config, rank: int, world: int, quantized=None, comm: Collectives | None = None) -> CausalLM:
@@ -42,7 +42,7 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
     qcfg = _quantization_config(folder)
     quantized = None
     if qcfg is not None:
-        if qcfg["quant_method"] not in ("int8", "int4"):
+        if qcfg["quant_method"] not in SHARDABLE_METHODS:
             raise TensorParallelError(f"{folder} is {qcfg['quant_method']}-quantized; only int8 and int4 folders "
                                       "shard (hub GPTQ/AWQ layouts and block formats do not): use "
                                       "tensor_parallel_size=1")

@@ -120,7 +120,7 @@ def speculative_generate(target, prompt_ids: list[int], params: SamplingParams, 
         while not seq.is_finished:
             tokens = seq.prompt_token_ids + seq.output_token_ids
             # Never guess past the context or max_tokens: those guesses could not be kept.
-            budget = min(k, params.max_tokens - len(seq.output_token_ids) - 1)
+            budget = seq.max_guesses(k)
             t1 = time.perf_counter()
             q = None
             if budget <= 0:

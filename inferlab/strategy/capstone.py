@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from inferlab.engine import EngineConfig, LLMEngine
+from inferlab.engine.policy import check_name as check_batching_policy
 from inferlab.sampling import SamplingParams
 
 DEFAULT = {"quantization": None, "enable_prefix_caching": False, "batching_policy": "static", "max_num_seqs": 8,
@@ -47,8 +48,7 @@ def check(deployment: dict) -> dict:
     d = {**DEFAULT, **deployment}
     if d["quantization"] not in BITS:
         raise ValueError(f"quantization {d['quantization']!r} is not one of {[k for k in BITS if k]} (or None)")
-    if d["batching_policy"] not in ("static", "continuous"):
-        raise ValueError(f"batching_policy must be 'static' or 'continuous', got {d['batching_policy']!r}")
+    check_batching_policy(d["batching_policy"])
     if not isinstance(d["max_num_seqs"], int) or not 1 <= d["max_num_seqs"] <= 64:
         raise ValueError(f"max_num_seqs must be an integer in 1..64, got {d['max_num_seqs']!r}")
     if d["speculative"] is not None:
