@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml Makefile
 # their structure, never their numbers: see notebooks/conftest.py).
 NBVAL := TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 	--nbval-sanitize-with notebooks/nbval_sanitize.cfg --nbval-cell-timeout=300
-# Settings that change float rounding on this CPU: ATen's portable kernels instead of AVX-512/AVX2,
+# Settings that change float rounding on this CPU: ATen's portable kernels instead of AVX-512/AVX2
+# (the quantized decode loops take their AVX2 build, as on an AVX2 laptop),
 # MKL's run-to-run compatible code path, one thread. The outputs stored by a normal run must pass
 # under them too, as they must on a student's CPU (tests/viz/test_rounding_change.py shows that
 # these settings really change the raw floats, so this second pass can fail).
