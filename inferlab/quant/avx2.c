@@ -15,23 +15,16 @@
    code's top bit.
 
    Each loop has the same name and arguments as its vnni.c twin, so inferlab/quant/vnni.py loads
-   whichever build the CPU runs; the activations are quantized by the same activations.h. Each
+   whichever build the CPU runs; the activations are quantized by the same loops.h. Each
    function returns 0, or -1 when it could not allocate its small activation buffers. */
 #include <immintrin.h>
-#include "activations.h"  /* quantize_activations, activation_buffers */
+#include "loops.h"  /* quantized_activations, free_activations, ROW_CHUNKS, INLINE, q4_k_scale_min */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #define PREFETCH_ROWS 8  /* as in vnni.c: ask for the codes of the row this many ahead */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE static inline __attribute__((always_inline))
-/* Rows in chunks of up to 4, each weight block unpacked once per chunk (see vnni.c). */
-#define ROW_CHUNKS(M, CALL) do { \
-        int m0 = 0; \
-        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
-        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
-    } while (0)
 
 int inferlab_avx2_supported(void) {
     __builtin_cpu_init();
@@ -79,14 +72,13 @@ AVX2 int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
                             int N, float *y, int nthreads) {
     const int B = K / 32;
     int16_t *xq; float *xs;
-    if (activation_buffers(M, K, 32, 2, (void **)&xq, &xs, NULL)) return -1;
-    quantize_activations(x, M, K, 32, 32767, 0, 0, xq, xs, NULL);
+    if (quantized_activations(x, M, K, 32, 32767, 0, 0, (void **)&xq, &xs, NULL)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, _cvtsh_ss(scales[n]), y, N, n, m0, R)
         ROW_CHUNKS(M, INT8_ROWS);
     }
-    free(xq); free(xs);
+    free_activations(xq, xs, NULL);
     return 0;
 }
 
@@ -132,8 +124,7 @@ AVX2 int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
                             const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
     const int G = K / group_size, half = K / 2;
     int8_t *xe; float *xs; int32_t *xsum;  /* xe: even columns, then (at M * half) odd columns */
-    if (activation_buffers(M, K, group_size, 1, (void **)&xe, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, group_size, 127, 1, 0, xe, xs, xsum);
+    if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
@@ -141,7 +132,7 @@ AVX2 int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
                                scales + (size_t)n * G, zeros + (size_t)n * G, y, N, n, m0, R)
         ROW_CHUNKS(M, INT4_ROWS);
     }
-    free(xe); free(xs); free(xsum);
+    free_activations(xe, xs, xsum);
     return 0;
 }
 
@@ -170,14 +161,13 @@ AVX2 INLINE void q8_0_rows(const int8_t *xq, const float *xs, int K, int B, cons
 AVX2 int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int B = K / 32, row_bytes = B * 34;
     int8_t *xq; float *xs;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, NULL)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, NULL);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, NULL)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q8_0_ROWS(R) q8_0_rows(xq, xs, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q8_0_ROWS);
     }
-    free(xq); free(xs);
+    free_activations(xq, xs, NULL);
     return 0;
 }
 
@@ -212,14 +202,13 @@ AVX2 INLINE int nibble_blocks_gemv(const float *x, int M, int K, const uint8_t *
                                    int nthreads, const int has_min) {
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     int8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
         ROW_CHUNKS(M, NIBBLE_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }
 
@@ -250,8 +239,8 @@ AVX2 INLINE void q4_k_rows(const int8_t *xq, const float *xs, const int32_t *xsu
             const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * i + h, blk = s * 8 + j;
-                const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
-                const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                int sc, mn;
+                q4_k_scale_min(q6, j, &sc, &mn);
                 const __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
                 for (int r = 0; r < MR; r++) {
                     const int m = m0 + r;
@@ -269,14 +258,13 @@ AVX2 INLINE void q4_k_rows(const int8_t *xq, const float *xs, const int32_t *xsu
 AVX2 int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int S = K / 256, row_bytes = S * 144;
     int8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q4_K_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }
 

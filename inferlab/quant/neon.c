@@ -14,16 +14,10 @@
    both builds under qemu-user against the x86 loops on the same inputs. Each function returns 0,
    or -1 when it could not allocate its small activation buffers. */
 #include <arm_neon.h>
-#include "activations.h"  /* quantize_activations, activation_buffers */
+#include "loops.h"  /* quantized_activations, free_activations, ROW_CHUNKS, INLINE, q4_k_scale_min */
 #include <stdint.h>
 #include <stdlib.h>
 
-#define INLINE static inline __attribute__((always_inline))
-#define ROW_CHUNKS(M, CALL) do { \
-        int m0 = 0; \
-        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
-        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
-    } while (0)
 
 #if defined(__ARM_FEATURE_DOTPROD)
 int inferlab_neon_dotprod(void) { return 1; }
@@ -70,14 +64,13 @@ int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight, cons
                        int N, float *y, int nthreads) {
     const int B = K / 32;
     int16_t *xq; float *xs;
-    if (activation_buffers(M, K, 32, 2, (void **)&xq, &xs, NULL)) return -1;
-    quantize_activations(x, M, K, 32, 32767, 0, 0, xq, xs, NULL);
+    if (quantized_activations(x, M, K, 32, 32767, 0, 0, (void **)&xq, &xs, NULL)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, f16_at((const uint8_t *)(scales + n)), y, N, n, m0, R)
         ROW_CHUNKS(M, INT8_ROWS);
     }
-    free(xq); free(xs);
+    free_activations(xq, xs, NULL);
     return 0;
 }
 
@@ -117,8 +110,7 @@ int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, con
                        const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
     const int G = K / group_size, half = K / 2;
     int8_t *xe; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, group_size, 1, (void **)&xe, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, group_size, 127, 1, 0, xe, xs, xsum);
+    if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
@@ -126,7 +118,7 @@ int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, con
                                scales + (size_t)n * G, zeros + (size_t)n * G, y, N, n, m0, R)
         ROW_CHUNKS(M, INT4_ROWS);
     }
-    free(xe); free(xs); free(xsum);
+    free_activations(xe, xs, xsum);
     return 0;
 }
 
@@ -168,14 +160,13 @@ INLINE int blocks_gemv(const float *x, int M, int K, const uint8_t *qweight, int
                        const int kind) {
     const int B = K / 32, row_bytes = B * (kind == 8 ? 34 : kind == 1 ? 20 : 18);
     int8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define BLOCK_ROWS(R) block_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, y, N, n, m0, R, kind)
         ROW_CHUNKS(M, BLOCK_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }
 
@@ -206,8 +197,8 @@ INLINE void q4_k_rows(const int8_t *xq, const float *xs, const int32_t *xsum, in
             const uint8x16_t v0 = vld1q_u8(sb + 16 + 32 * i), v1 = vld1q_u8(sb + 32 + 32 * i);
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * i + h, blk = s * 8 + j;
-                const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
-                const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                int sc, mn;
+                q4_k_scale_min(q6, j, &sc, &mn);
                 const int8x16_t q0 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v0, 4) : vandq_u8(v0, low));
                 const int8x16_t q1 = vreinterpretq_s8_u8(h ? vshrq_n_u8(v1, 4) : vandq_u8(v1, low));
                 for (int r = 0; r < MR; r++) {
@@ -227,13 +218,12 @@ INLINE void q4_k_rows(const int8_t *xq, const float *xs, const int32_t *xsum, in
 int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int S = K / 256, row_bytes = S * 144;
     int8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q4_K_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }

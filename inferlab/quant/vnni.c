@@ -20,7 +20,7 @@
 #else
 #include <immintrin.h>
 #endif
-#include "activations.h"  /* quantize_activations, activation_buffers */
+#include "loops.h"  /* quantized_activations, free_activations, ROW_CHUNKS, INLINE, q4_k_scale_min */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,17 +41,6 @@ int inferlab_vnni_supported(void) {
 }
 #endif
 
-/* Rows in chunks of up to 4: each weight block is loaded (and unpacked) once per chunk, then meets
-   every row of the chunk, whose sums build in separate accumulators. Loading a block once per row,
-   as a loop over rows outside the blocks does, repeats the unpacking and chains every block of a
-   row through one accumulator, so a second row cost nearly as much as the first. ROW_CHUNKS calls
-   CALL(rows) with a constant, so each chunk's inner loop unrolls. */
-#define ROW_CHUNKS(M, CALL) do { \
-        int m0 = 0; \
-        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
-        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
-    } while (0)
-#define INLINE static inline __attribute__((always_inline))
 
 /* llama.cpp's blocks of 32 (inferlab/quant/ggml.py): each row of qweight is K / 32 blocks of an fp16
    scale d (Q4_1: and an fp16 min m) and 32 codes. The activations are quantized per block of 32 too
@@ -93,14 +82,13 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
                             int N, float *y, int nthreads) {
     const int B = K / 32;
     int16_t *xq; float *xs;
-    if (activation_buffers(M, K, 32, 2, (void **)&xq, &xs, NULL)) return -1;
-    quantize_activations(x, M, K, 32, 32767, 0, 0, xq, xs, NULL);
+    if (quantized_activations(x, M, K, 32, 32767, 0, 0, (void **)&xq, &xs, NULL)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define INT8_ROWS(R) int8_rows(xq, xs, K, B, qweight + (size_t)n * K, _cvtsh_ss(scales[n]), y, N, n, m0, R)
         ROW_CHUNKS(M, INT8_ROWS);
     }
-    free(xq); free(xs);
+    free_activations(xq, xs, NULL);
     return 0;
 }
 
@@ -160,8 +148,7 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
                             const uint8_t *zeros, int N, int group_size, float *y, int nthreads) {
     const int G = K / group_size, half = K / 2;
     int8_t *xe; float *xs; int32_t *xsum;  /* xe: even columns, then (at M * half) odd columns */
-    if (activation_buffers(M, K, group_size, 1, (void **)&xe, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, group_size, 127, 1, 0, xe, xs, xsum);
+    if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
@@ -169,9 +156,7 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
                                scales + (size_t)n * G, zeros + (size_t)n * G, y, N, n, m0, R)
         ROW_CHUNKS(M, INT4_ROWS);
     }
-    free(xe);
-    free(xs);
-    free(xsum);
+    free_activations(xe, xs, xsum);
     return 0;
 }
 
@@ -200,14 +185,13 @@ VNNI INLINE void q8_0_rows(const uint8_t *xu, const float *xs, int K, int B, con
 VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int B = K / 32, row_bytes = B * 34;
     uint8_t *xu; float *xs;  /* codes + 128: the shift comes back out through the weights' sum */
-    if (activation_buffers(M, K, 32, 1, (void **)&xu, &xs, NULL)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 128, xu, xs, NULL);
+    if (quantized_activations(x, M, K, 32, 127, 0, 128, (void **)&xu, &xs, NULL)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q8_0_ROWS(R) q8_0_rows(xu, xs, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q8_0_ROWS);
     }
-    free(xu); free(xs);
+    free_activations(xu, xs, NULL);
     return 0;
 }
 
@@ -245,14 +229,13 @@ VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
         const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads, const int has_min) {
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     uint8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
         ROW_CHUNKS(M, NIBBLE_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }
 
@@ -286,8 +269,8 @@ VNNI INLINE void q4_k_rows(const uint8_t *xq, const float *xs, const int32_t *xs
             const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * i));
             for (int h = 0; h < 2; h++) {
                 const int j = 2 * i + h, blk = s * 8 + j;
-                const int sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
-                const int mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
+                int sc, mn;
+                q4_k_scale_min(q6, j, &sc, &mn);
                 const __m256i q = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
                 for (int r = 0; r < MR; r++) {
                     const int m = m0 + r;
@@ -306,14 +289,13 @@ VNNI INLINE void q4_k_rows(const uint8_t *xq, const float *xs, const int32_t *xs
 VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
     const int S = K / 256, row_bytes = S * 144;
     uint8_t *xq; float *xs; int32_t *xsum;
-    if (activation_buffers(M, K, 32, 1, (void **)&xq, &xs, &xsum)) return -1;
-    quantize_activations(x, M, K, 32, 127, 0, 0, xq, xs, xsum);
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define Q4_K_ROWS(R) q4_k_rows(xq, xs, xsum, K, S, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R)
         ROW_CHUNKS(M, Q4_K_ROWS);
     }
-    free(xq); free(xs); free(xsum);
+    free_activations(xq, xs, xsum);
     return 0;
 }
 

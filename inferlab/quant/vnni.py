@@ -52,7 +52,7 @@ MAX_LOOP_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
 AVX2_SOURCE = Path(__file__).with_name("avx2.c")
 NEON_SOURCE = Path(__file__).with_name("neon.c")
-HEADER = Path(__file__).with_name("activations.h")  # the activation quantizer both builds include
+HEADER = Path(__file__).with_name("loops.h")  # what every build includes: the activation quantizer and more
 PORTABLE_HEADER = Path(__file__).with_name("vnni_portable.h")
 BUILDS = ("native", "avx2", "portable")
 

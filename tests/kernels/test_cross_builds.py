@@ -49,7 +49,7 @@ def test_the_aarch64_build_matches_torch(aarch64_binary, rows):
 # The quantized decode loops' NEON build (inferlab/quant/neon.c), with and without the dot-product
 # extension, against the x86 loops on the same codes: the portable build of vnni.c, whose arithmetic
 # tests/kernels/test_quant_vnni.py checks against torch. Both quantize the activations the same way
-# (activations.h), so they differ by float summation order only.
+# (loops.h), so they differ by float summation order only.
 QUANT_SOURCE = Path(inferlab.quant.__file__).with_name("neon.c")
 QUANT_HARNESS = Path(__file__).with_name("quant_harness.c")
 KINDS = {"int8": 0, "int4": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5}

@@ -1,7 +1,9 @@
-/* The activation quantizer shared by the decode loops of vnni.c (AVX-512 VNNI) and avx2.c (AVX2):
-   both multiply integer codes, so the few activation rows of a decode step are quantized first. */
-#ifndef INFERLAB_ACTIVATIONS_H
-#define INFERLAB_ACTIVATIONS_H
+/* What the decode loops of vnni.c (AVX-512 VNNI), avx2.c (AVX2) and neon.c (ARM) share: they
+   multiply integer codes, so the few activation rows of a decode step are quantized first, by one
+   quantizer; they take the rows in chunks of up to 4 (ROW_CHUNKS); and they read Q4_K's packed
+   sub-block scales the same way (q4_k_scale_min). */
+#ifndef INFERLAB_LOOPS_H
+#define INFERLAB_LOOPS_H
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,6 +53,39 @@ static int activation_buffers(int M, int K, int group, int code_bytes, void **co
     free(*codes); free(*xs);
     if (xsum) free(*xsum);
     return -1;
+}
+
+/* Allocate the buffers and quantize x into them (xsum NULL: no group sums wanted); 0, or -1 with
+   nothing left allocated. free_activations gives them back. */
+static int quantized_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
+                                 void **codes, float **xs, int32_t **xsum) {
+    if (activation_buffers(M, K, group, levels > 127 ? 2 : 1, codes, xs, xsum)) return -1;
+    quantize_activations(x, M, K, group, levels, split, shift, *codes, *xs, xsum ? *xsum : NULL);
+    return 0;
+}
+
+static void free_activations(void *codes, float *xs, int32_t *xsum) {
+    free(codes); free(xs); free(xsum);
+}
+
+/* Rows in chunks of up to 4: each weight block is loaded (and unpacked) once per chunk, then meets
+   every row of the chunk, whose sums build in separate accumulators. Loading a block once per row,
+   as a loop over rows outside the blocks does, repeats the unpacking and chains every block of a
+   row through one accumulator, so a second row cost nearly as much as the first. ROW_CHUNKS calls
+   CALL(rows) with a constant, so each chunk's inner loop unrolls. */
+#define ROW_CHUNKS(M, CALL) do { \
+        int m0 = 0; \
+        for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
+        switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
+    } while (0)
+#define INLINE static inline __attribute__((always_inline))
+
+/* Q4_K's 12 bytes of 6-bit sub-block scales and mins (q6): sub-blocks 0-3 keep theirs in the low
+   6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 put their low 4 bits in bytes 8-11
+   and their top 2 bits in the spare top bits of bytes 0-7 (llama.cpp's get_scale_min_k4). */
+INLINE void q4_k_scale_min(const uint8_t *q6, int j, int *sc, int *mn) {
+    *sc = j < 4 ? q6[j] & 63 : (q6[j + 4] & 15) | ((q6[j - 4] >> 6) << 4);
+    *mn = j < 4 ? q6[j + 4] & 63 : (q6[j + 4] >> 4) | ((q6[j] >> 6) << 4);
 }
 
 #endif
