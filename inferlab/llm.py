@@ -50,6 +50,9 @@ class LLM:
         or "processed_logprobs" (after temperature, top-k, top-p); see ``inferlab.logprobs``.
     tensor_parallel_size: split the model over this many processes (``inferlab.parallel``; gloo on
         CPU, NCCL on CUDA). Call ``shutdown()`` to stop them (exiting the process does too).
+    distributed_executor_backend: vLLM's name. "mp" runs the ranks as processes (the default when
+        tensor_parallel_size > 1; with 1 it still takes that path, a check of the parallel layers);
+        "uni" or None with one rank: everything in this process.
     """
 
     def __init__(self, model: str = "target", device: str | None = None, dtype: str | None = None,
@@ -60,7 +63,7 @@ class LLM:
                  gpu_memory_utilization: float = 0.9, quantization: str | None = None,
                  speculative_config: dict | None = None, scheduling_policy: str = "fcfs",
                  tensor_parallel_size: int = 1, enforce_eager: bool = True, max_logprobs: int = 20,
-                 logprobs_mode: str = "raw_logprobs"):
+                 logprobs_mode: str = "raw_logprobs", distributed_executor_backend: str | None = None):
         config = EngineConfig(block_size, num_kv_blocks, max_num_seqs, max_num_batched_tokens, max_model_len,
                               enable_prefix_caching, enable_chunked_prefill, batching_policy,
                               gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager,
@@ -71,11 +74,21 @@ class LLM:
             config.speculative_config = dataclasses.replace(spec, model=str(heads_folder_for(model)))
         backend = get_backend(attention_backend)  # check the knobs before loading anything
         quantization = check_quantization(quantization)
-        self._tp = None
-        if tensor_parallel_size != 1:
-            from inferlab.parallel.launch import start_parallel
-            start_parallel(self, model, tensor_parallel_size, device, dtype, attention_backend, config,
-                           None if quantization == "none" else quantization, speculative_config)
+        if distributed_executor_backend not in (None, "mp", "uni"):
+            raise InferlabError(f"distributed_executor_backend must be 'mp' (rank processes) or 'uni' (this "
+                                f"process), got {distributed_executor_backend!r}")
+        if distributed_executor_backend == "uni" and tensor_parallel_size != 1:
+            raise InferlabError(f"tensor_parallel_size={tensor_parallel_size} needs rank processes: "
+                                "use distributed_executor_backend='mp' (or leave it unset)")
+        self.tensor_parallel_size, self.executor = tensor_parallel_size, None
+        if tensor_parallel_size != 1 or distributed_executor_backend == "mp":
+            # the ranks start first (even a world of one with "mp"); the engine runs on rank 0's shard
+            from inferlab.parallel.launch import launch_parallel
+            self.executor = launch_parallel(model, tensor_parallel_size, device, dtype, attention_backend, config,
+                                            None if quantization == "none" else quantization, speculative_config)
+            self.model, self.tokenizer = self.executor.model, self.executor.tokenizer
+            self._start(backend, self.executor.engine_config, str(model))
+            self.executor.attach(self.llm_engine)  # each engine step goes to the other ranks too
             return
         self.model, self.tokenizer, qcfg = load_model(model, device, parse_dtype(dtype, device or default_device()),
                                                       quantization)
@@ -89,6 +102,7 @@ class LLM:
         studied in a notebook), on the same engine; ``engine_knobs`` are ``EngineConfig``'s fields."""
         self = cls.__new__(cls)
         self.model, self.tokenizer = model, tokenizer
+        self.tensor_parallel_size, self.executor = 1, None
         self._start(get_backend(attention_backend), EngineConfig(**engine_knobs), type(model).__name__)
         return self
 
@@ -102,8 +116,8 @@ class LLM:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes, if any (safe to call twice)."""
-        if getattr(self, "_tp", None) is not None:
-            self._tp.shutdown()
+        if self.executor is not None:
+            self.executor.shutdown()
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

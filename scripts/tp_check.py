@@ -1,7 +1,7 @@
 """Tensor parallelism at TP=1 through the launch path, against the plain engine (scripts/gpu_check.sh).
 
-``LLM(..., tensor_parallel_size=1)`` takes the plain path, so this starts the ranks the way
-``tensor_parallel_size=N`` does (``inferlab.parallel.launch.start_parallel``: a process group,
+``LLM(..., tensor_parallel_size=1)`` takes the plain path; with ``distributed_executor_backend="mp"``
+it starts the ranks the way ``tensor_parallel_size=N`` does (``inferlab.parallel.launch``: a process group,
 NCCL on CUDA and gloo on CPU, the sharded loader, the vocabulary-parallel embedding, the
 all-reduce hooks and the ``ParallelRunner``) with a world of one. Greedy tokens must equal the
 plain engine's. (A world of one skips the collectives themselves, as vLLM does.)
@@ -17,9 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from inferlab.engine.config import EngineConfig
 from inferlab.llm import LLM
-from inferlab.parallel.launch import start_parallel
 from inferlab.sampling import SamplingParams
 
 PROMPTS = ["def fibonacci(n):\n    ", "import os\n", "class Stack:\n    def __init__(self):\n"]
@@ -39,9 +37,8 @@ def main(argv: list[str]) -> int:
     plain = LLM(args.model, device=args.device, dtype="float32", **knobs)
     want = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params)]
 
-    tp = LLM.__new__(LLM)
-    tp._tp = None
-    start_parallel(tp, args.model, 1, args.device, "float32", "torch", EngineConfig(**knobs), None, None)
+    tp = LLM(args.model, device=args.device, dtype="float32", tensor_parallel_size=1,
+             distributed_executor_backend="mp", **knobs)
     try:
         assert type(tp.llm_engine.runner).__name__ == "ParallelRunner", "the TP launch path was not taken"
         kinds = {type(m).__name__ for m in tp.model.modules()}

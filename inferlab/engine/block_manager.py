@@ -22,9 +22,12 @@ Three ideas beyond the free list:
   keeps its content and stays findable until the pool runs short; then the least recently used
   one is evicted (its hash forgotten) and reused.
 
+The token ids themselves live on the sequence (``EngineSequence``); the allocator counts slots and
+reads ids only when it needs them: to look a prompt up, and to name blocks.
+
 **A block is named only once its K/V is written.** ``allocate`` and ``append_slot`` reserve slots
 for tokens the next step will compute; nothing is findable yet. After the step, the scheduler calls
-``cache_blocks(seq, num_computed_tokens)``, which names the full blocks lying wholly below
+``cache_blocks(seq, computed token ids)``, which names the full blocks lying wholly below
 ``num_computed_tokens`` (vLLM v1's rule). Naming at reservation time would be wrong whenever the
 reservation outlives its step unrun: a sequence preempted while it grows (its filled blocks would
 park in the cache with slots nobody wrote), or a forward that raised (the server then aborts the
@@ -47,15 +50,19 @@ class NoFreeBlocksError(RuntimeError):
 
 @dataclass
 class Block:
-    """One physical block: who holds it and what it holds (token ids stand in for K/V rows)."""
+    """One physical block: who holds it and, once it is named, what it holds.
+
+    The token ids of a sequence live on the sequence; the allocator keeps only how many slots each
+    table covers. A *named* block also keeps the ids its hash was computed from, so a prefix hit
+    can check that the content matches and not only the hash."""
 
     block_id: int
     ref_count: int = 0
     hash: int | None = None          # set once the block is full, computed and registered (prefix caching)
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: tuple[int, ...] = ()  # the content the hash names (empty while unnamed)
 
     def reset(self) -> None:
-        self.ref_count, self.hash, self.token_ids = 0, None, []
+        self.ref_count, self.hash, self.token_ids = 0, None, ()
 
 
 def block_hash(parent_hash: int | None, token_ids: list[int] | tuple[int, ...]) -> int:
@@ -77,7 +84,7 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free but cached, LRU first
         self._hash_to_block: dict[int, int] = {}
         self._tables: dict[int, list[int]] = {}
-        self._tokens: dict[int, list[int]] = {}                  # every token id the table covers
+        self._num_tokens: dict[int, int] = {}                    # how many token slots the table covers
         self._hashes: dict[int, list[int]] = {}                  # chained hashes of its named leading blocks
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -125,11 +132,11 @@ class BlockManager:
                 block.reset()
                 self._free.append(block.block_id)
 
-    def _register(self, block: Block, h: int) -> None:
+    def _register(self, block: Block, h: int, token_ids: list[int]) -> None:
         """Make a full block findable by its chained hash (first block with this content wins)."""
         if self.enable_prefix_caching and h not in self._hash_to_block:
             self._hash_to_block[h] = block.block_id
-            block.hash = h
+            block.hash, block.token_ids = h, tuple(token_ids)
 
     # ---- sequences ------------------------------------------------------------------------
     def allocate(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
@@ -137,13 +144,12 @@ class BlockManager:
 
         With prefix caching, leading full blocks whose chained hash is known are reused (at most
         len(token_ids) - 1 tokens, so at least one token is computed and yields logits); with
-        ``lookup=False`` none are (a request that needs every prompt row's logits). The new
-        blocks are not named until ``cache_blocks`` says their K/V is written. Raises
-        NoFreeBlocksError, having allocated nothing, when blocks run short.
+        ``lookup=False`` none are (a request that needs every prompt row's logits). The ids are
+        read for the lookup, not kept: the new blocks are named by ``cache_blocks`` once their
+        K/V is written. Raises NoFreeBlocksError, having allocated nothing, when blocks run short.
         """
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id} already has a block table; free it before allocating again")
-        token_ids = list(token_ids)
         if not token_ids:
             raise ValueError(f"sequence {seq_id}: cannot allocate an empty prompt; give at least one token id")
         bs = self.block_size
@@ -153,7 +159,7 @@ class BlockManager:
             for i in range((len(token_ids) - 1) // bs):   # leave >= 1 token to compute
                 h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
                 block_id = self._hash_to_block.get(h)
-                if block_id is None or self.blocks[block_id].token_ids != token_ids[i * bs:(i + 1) * bs]:
+                if block_id is None or self.blocks[block_id].token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
                     break
                 hits.append(self.blocks[block_id])
                 hashes.append(h)
@@ -169,73 +175,56 @@ class BlockManager:
         for block in hits:                # revive hits before taking new blocks: no self-eviction
             self._hold(block)
         table = [b.block_id for b in hits]
-        for i in range(len(hits), num_blocks):
-            block = self._take_free_block()
-            block.token_ids = token_ids[i * bs:(i + 1) * bs]
-            table.append(block.block_id)
-        self._tables[seq_id], self._tokens[seq_id], self._hashes[seq_id] = table, token_ids, hashes
+        for _ in range(len(hits), num_blocks):
+            table.append(self._take_free_block().block_id)
+        self._tables[seq_id], self._num_tokens[seq_id], self._hashes[seq_id] = table, len(token_ids), hashes
         return len(hits) * bs
 
-    def append_slot(self, seq_id: int, token_id: int) -> list[tuple[int, int]]:
-        """The sequence grows by one token; return the (src, dst) block copies to make (copy-on-write).
+    def append_slot(self, seq_id: int) -> list[tuple[int, int]]:
+        """The sequence grows by one token slot; return the (src, dst) block copies to make
+        (copy-on-write). Which token goes there is the sequence's business, not the allocator's.
 
         A new block is taken when the last one is full; a shared last block is copied first so no
         other table sees this write. Raises NoFreeBlocksError, changing nothing, when none is free.
         """
-        table, tokens = self._tables[seq_id], self._tokens[seq_id]
-        pos, copies = len(tokens), []
+        table, pos, copies = self._tables[seq_id], self._num_tokens[seq_id], []
         if pos % self.block_size == 0:                 # last block full (or none): a fresh block
-            block = self._take_free_block()
-            table.append(block.block_id)
+            table.append(self._take_free_block().block_id)
         else:
             block = self.blocks[table[-1]]
             if block.ref_count > 1:                    # shared and partly filled: copy-on-write
                 copy = self._take_free_block()
-                copy.token_ids = list(block.token_ids)
                 block.ref_count -= 1
                 table[-1] = copy.block_id
                 copies.append((block.block_id, copy.block_id))
-                block = copy
-        block.token_ids.append(token_id)
-        tokens.append(token_id)
+        self._num_tokens[seq_id] = pos + 1
         return copies
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Forget the sequence's slots from position ``num_tokens`` on (speculative decoding's
         rollback of rejected guesses); blocks left empty go back to the pool. Only slots past
         every named block can be dropped: a guess is never named (``cache_blocks`` runs after)."""
-        table, tokens, bs = self._tables[seq_id], self._tokens[seq_id], self.block_size
-        if num_tokens >= len(tokens):
+        table, bs = self._tables[seq_id], self.block_size
+        if num_tokens >= self._num_tokens[seq_id]:
             return
-        if num_tokens < len(self._hashes[seq_id]) * bs:
+        if num_tokens < self.num_cached_tokens(seq_id):
             raise ValueError(f"sequence {seq_id}: cannot truncate to {num_tokens} tokens inside its named blocks")
-        del tokens[num_tokens:]
+        self._num_tokens[seq_id] = num_tokens
         while len(table) > self._blocks_for(num_tokens):
             self._release(self.blocks[table.pop()])
-        if table and num_tokens % bs:
-            del self.blocks[table[-1]].token_ids[num_tokens % bs:]
 
-    def rewrite(self, seq_id: int, start: int, token_ids: list[int]) -> None:
-        """Record the ids of reserved, unnamed slots from ``start`` on: a draft model's guesses,
-        known only after the scheduler reserved their slots."""
-        tokens, bs = self._tokens[seq_id], self.block_size
-        if start < len(self._hashes[seq_id]) * bs or start + len(token_ids) > len(tokens):
-            raise ValueError(f"sequence {seq_id}: slots {start}..{start + len(token_ids)} are not reserved and unnamed")
-        table = self._tables[seq_id]
-        for p, t in enumerate(token_ids, start):
-            tokens[p] = t
-            self.blocks[table[p // bs]].token_ids[p % bs] = t
-
-    def cache_blocks(self, seq_id: int, num_computed_tokens: int) -> None:
-        """The K/V of the sequence's first ``num_computed_tokens`` tokens is written: name every
-        full block below that line, so later prompts with this prefix find it (prefix caching)."""
+    def cache_blocks(self, seq_id: int, token_ids: list[int]) -> None:
+        """The K/V of the sequence's first ``len(token_ids)`` tokens, ``token_ids``, is written:
+        name every full block below that line, so later prompts with this prefix find it (prefix
+        caching). Blocks named before are skipped; ``num_cached_tokens`` says where they end."""
         if not self.enable_prefix_caching:
             return
-        table, tokens, hashes, bs = self._tables[seq_id], self._tokens[seq_id], self._hashes[seq_id], self.block_size
-        for i in range(len(hashes), min(num_computed_tokens, len(tokens)) // bs):
-            h = block_hash(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs])
+        table, hashes, bs = self._tables[seq_id], self._hashes[seq_id], self.block_size
+        for i in range(len(hashes), min(len(token_ids), self._num_tokens[seq_id]) // bs):
+            ids = token_ids[i * bs:(i + 1) * bs]
+            h = block_hash(hashes[-1] if hashes else None, ids)
             hashes.append(h)
-            self._register(self.blocks[table[i]], h)
+            self._register(self.blocks[table[i]], h, ids)
 
     def fork(self, parent_id: int, child_id: int) -> None:
         """The child shares every block of the parent (ref_count += 1 each): parallel sampling, n > 1."""
@@ -245,7 +234,7 @@ class BlockManager:
         for block_id in table:
             self._hold(self.blocks[block_id])
         self._tables[child_id] = list(table)
-        self._tokens[child_id] = list(self._tokens[parent_id])
+        self._num_tokens[child_id] = self._num_tokens[parent_id]
         self._hashes[child_id] = list(self._hashes[parent_id])
 
     def free(self, seq_id: int) -> None:
@@ -255,7 +244,7 @@ class BlockManager:
         likely to be shared) is evicted first.
         """
         table = self._tables.pop(seq_id)
-        del self._tokens[seq_id], self._hashes[seq_id]
+        del self._num_tokens[seq_id], self._hashes[seq_id]
         for block_id in reversed(table):
             self._release(self.blocks[block_id])
 
@@ -264,7 +253,13 @@ class BlockManager:
         return list(self._tables[seq_id])
 
     def num_tokens(self, seq_id: int) -> int:
-        return len(self._tokens[seq_id])
+        """Token slots the sequence's table covers (its computed tokens plus those reserved for
+        the next step)."""
+        return self._num_tokens[seq_id]
+
+    def num_cached_tokens(self, seq_id: int) -> int:
+        """Leading tokens of the sequence in named blocks: ``cache_blocks`` names from here on."""
+        return len(self._hashes[seq_id]) * self.block_size
 
     def slot(self, seq_id: int, position: int) -> int:
         """Physical slot of a token position: block_table[p // block_size] * block_size + p % block_size."""
@@ -293,9 +288,16 @@ class BlockManager:
                 "prefix_hit_rate": self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0}
 
     def snapshot(self) -> dict:
-        """A plain-data picture of the pool (for the allocator view and its tests)."""
-        return {"block_size": self.block_size,
+        """A plain-data picture of the pool (for the allocator view and its tests). A block's
+        ``num_tokens`` is how many of its slots a table covers (a cached free block is full)."""
+        bs, fill = self.block_size, [0] * self.num_blocks
+        for block_id in self._evictable:
+            fill[block_id] = bs
+        for s, table in self._tables.items():
+            for i, block_id in enumerate(table):
+                fill[block_id] = max(fill[block_id], min(bs, self._num_tokens[s] - i * bs))
+        return {"block_size": bs,
                 "blocks": [{"id": b.block_id, "ref_count": b.ref_count, "cached": b.block_id in self._evictable,
-                            "num_tokens": len(b.token_ids)} for b in self.blocks],
+                            "num_tokens": fill[b.block_id]} for b in self.blocks],
                 "tables": {s: list(t) for s, t in self._tables.items()},
-                "num_tokens": {s: len(t) for s, t in self._tokens.items()}}
+                "num_tokens": dict(self._num_tokens)}

@@ -59,7 +59,7 @@ class DraftProposer:
                 q = probs_from_logits(rows[j], s.seq.params)
                 tok = int(q.argmax()) if s.seq.params.greedy else \
                     int(torch.multinomial(q, 1, generator=s.seq.generator))
-                s.spec_token_ids[step] = s.seq.spec_token_ids[step] = tok
+                s.spec_token_ids[step] = tok  # the sequence's own list: guesses live there
                 qs[j].append(q)
             feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]
             if not feed:
@@ -70,9 +70,6 @@ class DraftProposer:
             for j, row in zip(feed, self.runner.execute(batch)):
                 rows[j] = row
                 out.scheduled[j].seq.draft_num_computed = pos[j] + 1
-        for j in need:
-            s = out.scheduled[j]
-            block_manager.rewrite(s.seq.seq_id, s.seq.num_computed_tokens + s.num_committed, s.spec_token_ids)
         return {j: torch.stack(q) for j, q in qs.items()}
 
 

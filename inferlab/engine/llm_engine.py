@@ -26,7 +26,7 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.model.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
-from inferlab.engine.model_runner import ModelRunner, SeqInput
+from inferlab.engine.model_runner import ModelRunner, SeqInput, query_start_loc
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
@@ -108,20 +108,20 @@ class LLMEngine:
         self.structured.check(params)  # a grammar that cannot compile fails here, not in a step
         metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
         stream = stream and params.output_kind != RequestOutputKind.FINAL_ONLY
-        req = Request(request_id, text, ids, params, [], metrics, stream=stream, priority=priority,
+        req = Request(request_id, text, ids, params, [], metrics, stream=stream,
                       prompt_logprobs=None if params.prompt_logprobs is None else [None])
-        seq = self._new_seq(req, 0)
+        seq = self._new_seq(req, 0, priority)
         seq.num_pending_forks = params.n - 1
         req.seqs.append(seq)
         self.requests[request_id] = req
         self.scheduler.add(seq)
 
-    def _new_seq(self, req: Request, index: int) -> EngineSequence:
+    def _new_seq(self, req: Request, index: int, priority: int) -> EngineSequence:
         params = req.params
         seed = None if params.seed is None else params.seed + index  # vLLM: child i uses seed + i
         return EngineSequence(next(self._seq_ids), req.prompt_token_ids, params, request_id=req.request_id,
                               index=index, generator=make_generator(seed, self.model.device),
-                              priority=req.priority, arrival_time=req.metrics.arrival_time,
+                              priority=priority, metrics=req.metrics,
                               logprobs=None if params.logprobs is None else [],
                               prompt_logprobs=req.prompt_logprobs)
 
@@ -164,14 +164,12 @@ class LLMEngine:
         record = self.step_record(out) if self.step_hooks else None  # positions as scheduled
         is_decode = [s.is_decode for s in out.scheduled]
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
-        num_logits = [1 + len(s.spec_token_ids) for s in out.scheduled]
+        num_logits = [1 + s.num_spec_tokens for s in out.scheduled]
         prompt_rows = self._prompt_rows(out)  # None unless a request wants prompt log-probs from this step
         with capture_hidden(self.model) if self.medusa is not None else contextlib.nullcontext() as hidden:
             logits = self.runner.execute(inputs, out.copies, num_logits=num_logits,  # [sum(num_logits), V]
                                          extra_rows=prompt_rows)
-        starts = [0]
-        for n in num_logits:
-            starts.append(starts[-1] + n)
+        starts = query_start_loc(num_logits)  # sequence j's rows: starts[j]:starts[j + 1]
         if prompt_rows is not None:  # the prompt rows come after the sampling rows
             self._score_prompts(out, prompt_rows, logits[starts[-1]:])
             logits = logits[:starts[-1]]
@@ -212,7 +210,7 @@ class LLMEngine:
             seq, start, k = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             decode = s.is_decode
             rows.append({"request_id": seq.request_id, "seq_id": seq.seq_id, "start": start, "num_new_tokens": k,
-                         "num_spec_tokens": len(s.spec_token_ids),
+                         "num_spec_tokens": s.num_spec_tokens,
                          "num_tokens": seq.num_tokens, "kind": "decode" if decode else "prefill",
                          "chunk": not decode and (start > 0 or start + k < seq.num_tokens)})
         return {"step": self.counters["num_steps"], "scheduled": rows, "num_batched_tokens": out.num_batched_tokens,
@@ -242,7 +240,7 @@ class LLMEngine:
         """Parallel sampling: the n - 1 siblings share the prompt's blocks and draw their own first token."""
         req = self.requests[parent.request_id]
         for _ in range(parent.num_pending_forks):
-            child = self._new_seq(req, len(req.seqs))
+            child = self._new_seq(req, len(req.seqs), parent.priority)
             child.num_computed_tokens = parent.num_computed_tokens
             req.seqs.append(child)
             self.scheduler.fork(parent, child)

@@ -84,10 +84,7 @@ class ModelRunner:
         for t in tables:
             padded += t
             padded += [0] * (width - len(t))  # padding: masked by context_lens
-        last, end = [], 0
-        for q in q_lens:  # each sequence's last new token, in batch order
-            end += q
-            last.append(end - 1)
+        last = [e - 1 for e in query_start_loc(q_lens)[1:]]  # each sequence's last new token, in batch order
         inverse = [0] * len(seqs)
         for j, i in enumerate(order):
             inverse[i] = j
@@ -118,9 +115,7 @@ class ModelRunner:
         input_ids, meta, last, order = self.prepare(seqs)
         if all_logits:
             logits = self.model(input_ids, meta)[0]
-            cu = [0]
-            for q in meta.query_lens:
-                cu.append(cu[-1] + q)
+            cu = query_start_loc(meta.query_lens)
             rows = [None] * len(seqs)
             for j, i in enumerate(order):
                 rows[i] = logits[cu[j]:cu[j + 1]]
@@ -128,7 +123,7 @@ class ModelRunner:
         if extra_rows is not None and any(extra_rows):
             last = logits_indices(meta.query_lens, order, num_logits or [1] * len(seqs), self.device, extra_rows)
         elif num_logits is not None and any(n != 1 for n in num_logits):
-            last = spec_logits_indices(meta.query_lens, order, num_logits, self.device)
+            last = logits_indices(meta.query_lens, order, num_logits, self.device)
         if self.compiled is not None and meta.num_decodes == len(seqs) and packing.ready_to_compile(self.model):
             meta.build_masks(self.model.config.sliding_window)  # plain data for the graph's guards
             try:
@@ -153,27 +148,30 @@ def _no_duck_shapes():
         return contextlib.nullcontext()
 
 
+def query_start_loc(lens: list[int]) -> list[int]:
+    """Running totals [0, l0, l0 + l1, ...]: where each sequence's rows start in a flat batch, and
+    where the last one ends (vLLM's ``query_start_loc``). The one place these totals are taken."""
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    return starts
+
+
 def _rank(q_len: int, num_computed: int) -> int:
     """Where a sequence goes in the batch: 0 decode, 1 a few queries over a cached context (a
     speculative verify, a short chunk), 2 a prompt or a long chunk (one SDPA call each)."""
     return 0 if q_len == 1 else 1 if q_len <= MULTI_QUERY_MAX and num_computed > 0 else 2
 
 
-def spec_logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device) -> torch.Tensor:
-    """Rows of the flat forward holding the last ``num_logits[i]`` new tokens of each sequence i
-    (``query_lens`` in batch order, ``order[j]`` = the caller's index of batch position j)."""
-    return logits_indices(query_lens, order, num_logits, device)
-
-
 def logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device,
                    extra_rows: list[tuple[int, int] | None] | None = None) -> torch.Tensor:
-    """``spec_logits_indices``'s rows, then for each sequence i with ``extra_rows[i] = (lo, hi)``
-    the rows of its new tokens lo..hi-1 (``ModelRunner.execute``)."""
-    end, ends, starts = 0, [0] * len(order), [0] * len(order)
-    for j, q in enumerate(query_lens):
-        starts[order[j]] = end
-        end += q
-        ends[order[j]] = end
+    """Rows of the flat forward holding the last ``num_logits[i]`` new tokens of each sequence i
+    (``query_lens`` in batch order, ``order[j]`` = the caller's index of batch position j), then
+    for each sequence i with ``extra_rows[i] = (lo, hi)`` the rows of its new tokens lo..hi-1
+    (``ModelRunner.execute``)."""
+    cu, ends, starts = query_start_loc(query_lens), [0] * len(order), [0] * len(order)
+    for j, i in enumerate(order):
+        starts[i], ends[i] = cu[j], cu[j + 1]
     rows = []
     for i, n in enumerate(num_logits):
         if not 1 <= n:

@@ -19,8 +19,10 @@ Log-probs (``inferlab.logprobs``) live beside the tokens: ``logprobs`` one entry
 appended with it, so a preempted sequence keeps them and its recompute adds none; the request's
 ``prompt_logprobs`` grow chunk by chunk as its prefill computes the prompt's rows.
 
-Every sequence also carries its request's ``priority`` and ``arrival_time``: under the
-``"priority"`` scheduling policy the queues are ordered by them (``scheduler.py``).
+Every sequence carries its request's ``priority`` and shares its request's ``metrics`` (one
+object, holding the ``arrival_time``): under the ``"priority"`` scheduling policy the queues are
+ordered by them (``scheduler.py``). Each is kept once: the request has no priority of its own,
+and no sequence a copy of the arrival time.
 """
 from __future__ import annotations
 
@@ -44,12 +46,17 @@ class EngineSequence(Sequence):
     spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # guesses to verify this step
     draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
     priority: int = 0                # vLLM's request priority: lower is served first (scheduling_policy="priority")
-    arrival_time: float = 0.0        # the request's arrival (time.monotonic()): breaks ties between priorities
+    metrics: RequestMetrics | None = None   # its request's, shared: arrival_time breaks ties between priorities
     logprobs: list[dict] | None = None      # one {token_id: Logprob} per output token (params.logprobs set)
     cumulative_logprob: float = 0.0
     prompt_logprobs: list | None = None     # the request's PromptLogprobs, shared by its n sequences
     __eq__ = object.__eq__           # identity, not field equality: the queues hold objects
     __hash__ = object.__hash__
+
+    @property
+    def arrival_time(self) -> float:
+        """Its request's arrival (``time.monotonic()``); 0 for a sequence made without a request."""
+        return 0.0 if self.metrics is None else self.metrics.arrival_time
 
     @property
     def needs_prompt_logits(self) -> bool:
@@ -97,7 +104,6 @@ class Request:
     metrics: RequestMetrics = dataclasses.field(default_factory=lambda: RequestMetrics(time.monotonic()))
     aborted: bool = False
     stream: bool = True  # False: only the final output is reported
-    priority: int = 0    # lower is served first (scheduling_policy="priority")
     prompt_logprobs: list | None = None  # PromptLogprobs when params.prompt_logprobs is set
 
     @property

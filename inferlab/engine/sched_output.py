@@ -16,12 +16,19 @@ from inferlab.engine.request import EngineSequence
 class ScheduledSeq:
     seq: EngineSequence
     num_new_tokens: int
-    spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # the last len() of the new tokens
+    num_spec_tokens: int = 0  # how many of the new tokens, the last ones, are guesses to verify
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        """The guesses this step verifies. They are kept in one place, on the sequence
+        (``SchedulerOutput.add`` trims them to the ones scheduled), until the step's results
+        clear them; a draft model writes its guesses there after scheduling."""
+        return self.seq.spec_token_ids
 
     @property
     def num_committed(self) -> int:
         """New tokens that are the sequence's own (the rest are guesses to verify)."""
-        return self.num_new_tokens - len(self.spec_token_ids)
+        return self.num_new_tokens - self.num_spec_tokens
 
     @property
     def is_decode(self) -> bool:
@@ -37,8 +44,11 @@ class SchedulerOutput:
     preempted: list[EngineSequence] = dataclasses.field(default_factory=list)
 
     def add(self, seq: EngineSequence, num_new_tokens: int) -> None:
-        spec = seq.num_computed_tokens + num_new_tokens - seq.num_tokens  # positions past its last token
-        self.scheduled.append(ScheduledSeq(seq, num_new_tokens, list(seq.spec_token_ids[:max(spec, 0)])))
+        """Schedule ``num_new_tokens`` of ``seq``; the positions past its last token are its first
+        guesses, and the guesses the budget left out are dropped."""
+        spec = max(seq.num_computed_tokens + num_new_tokens - seq.num_tokens, 0)  # positions past its last token
+        del seq.spec_token_ids[spec:]
+        self.scheduled.append(ScheduledSeq(seq, num_new_tokens, spec))
 
     @property
     def num_batched_tokens(self) -> int:

@@ -111,10 +111,9 @@ class Scheduler:
         """Extend ``seq``'s block table to cover its first ``end`` tokens. False when the pool ran
         dry (the slots obtained so far are kept); copy-on-write pairs go to ``out.copies``."""
         bm, sid = self.block_manager, seq.seq_id
-        have = bm.num_tokens(sid)
         try:
-            for token in seq.token_ids(have, end):
-                out.copies += bm.append_slot(sid, token)
+            for _ in range(end - bm.num_tokens(sid)):
+                out.copies += bm.append_slot(sid)
         except NoFreeBlocksError:
             return False
         return True
@@ -178,10 +177,12 @@ class Scheduler:
         for i, s in enumerate(out.scheduled):
             seq = s.seq
             seq.num_computed_tokens += s.num_committed + (num_accepted[i] if num_accepted else 0)
+            n = seq.num_computed_tokens
+            if bm.num_tokens(seq.seq_id) > n:
+                bm.truncate(seq.seq_id, n)
+            if bm.enable_prefix_caching and n - bm.num_cached_tokens(seq.seq_id) >= bm.block_size:
+                bm.cache_blocks(seq.seq_id, seq.token_ids(0, n))  # a block filled up (kept guesses among them)
             seq.spec_token_ids = []
-            if bm.num_tokens(seq.seq_id) > seq.num_computed_tokens:
-                bm.truncate(seq.seq_id, seq.num_computed_tokens)
-            bm.cache_blocks(seq.seq_id, seq.num_computed_tokens)
 
     def fork(self, parent: EngineSequence, child: EngineSequence) -> None:
         self.block_manager.fork(parent.seq_id, child.seq_id)

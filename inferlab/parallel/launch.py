@@ -2,8 +2,9 @@
 
 ``launch_parallel`` checks the request and starts the ranks; the executor it returns holds rank
 0's shard (``.model``, ``.tokenizer``), the engine config every rank agreed on
-(``.engine_config``) and rank 0's collectives (``.comm``). The engine built over that shard is
-then handed to ``executor.attach``, which sends each of its steps to the other ranks too.
+(``.engine_config``) and rank 0's collectives (``.comm``). ``LLM`` builds its engine over that
+shard and hands it to ``executor.attach``, which sends each of its steps to the other ranks too;
+the executor stays on ``llm.executor`` (``shutdown()`` stops the ranks).
 
 ``llm.model`` is then rank 0's shard: its forward takes part in collectives, so run it through
 the engine (``generate``, ``llm_engine.runner``).
@@ -38,16 +39,3 @@ def launch_parallel(model: str, world: int, device, dtype, attention_backend: st
                                       f"found {torch.cuda.device_count()}")
     return TensorParallelExecutor(str(folder), world, device, parse_dtype(dtype, device), attention_backend, config)
 
-
-def start_parallel(llm, model: str, world: int, device, dtype, attention_backend: str, config,
-                   quantization, speculative_config) -> None:
-    """Make ``llm`` a tensor-parallel LLM: launch the ranks, start its engine on rank 0's shard and
-    attach the engine to the ranks."""
-    from inferlab.attention import get_backend
-
-    tp = launch_parallel(model, world, device, dtype, attention_backend, config, quantization, speculative_config)
-    llm._tp = tp
-    llm.model, llm.tokenizer = tp.model, tp.tokenizer
-    llm._start(get_backend(attention_backend), tp.engine_config, str(model))
-    tp.attach(llm.llm_engine)
-    llm.tensor_parallel_size = world

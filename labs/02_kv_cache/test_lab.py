@@ -12,13 +12,11 @@ lab = labkit.implementation(__file__, reference="inferlab.engine.block_manager",
 
 
 def prefilled(bm):
-    """``allocate``, then the prompt's prefill runs. The engine's allocator names a block for prefix
-    hits only once its K/V is written (``cache_blocks``, called after each step); an allocator
-    without that method names full blocks in ``allocate`` itself, which is the same here."""
+    """``allocate``, then the prompt's prefill runs: the allocator names a block for prefix hits
+    only once its K/V is written (``cache_blocks``, which the engine calls after each step)."""
     def allocate(seq_id, token_ids):
         cached = bm.allocate(seq_id, token_ids)
-        if hasattr(bm, "cache_blocks"):
-            bm.cache_blocks(seq_id, len(token_ids))
+        bm.cache_blocks(seq_id, list(token_ids))
         return cached
     return allocate
 
@@ -69,8 +67,8 @@ def test_slot_mapping():
 def test_append_takes_a_block_only_when_full():
     bm = lab.BlockManager(num_blocks=4, block_size=4)
     bm.allocate(0, [1, 2, 3])
-    for tok in (4, 5, 6, 7, 8):
-        labkit.check(bm.append_slot, 0, tok, expected=[])
+    for _ in range(5):
+        labkit.check(bm.append_slot, 0, expected=[])
         labkit.expect(len(bm.block_table(0)) == -(-bm.num_tokens(0) // 4),
                       "a new block only when the last one is full", tokens=bm.num_tokens(0), table=bm.block_table(0))
     labkit.check(bm.num_tokens, 0, expected=8)
@@ -104,10 +102,10 @@ def test_out_of_blocks_changes_nothing():
     with pytest.raises(KeyError):
         bm.block_table(1)                        # nothing half-allocated
     bm.allocate(1, [1])
-    for tok in range(3):
-        bm.append_slot(0, tok)
+    for _ in range(3):
+        bm.append_slot(0)
     with pytest.raises(lab.NoFreeBlocksError):
-        bm.append_slot(0, 99)
+        bm.append_slot(0)
     labkit.check(bm.num_tokens, 0, expected=12)
     books(bm, [0, 1])
 
@@ -120,13 +118,13 @@ def test_fork_shares_and_copy_on_write():
     labkit.expect(bm.block_table(1) == bm.block_table(0), "a fork shares every block", tables=[bm.block_table(0)])
     books(bm, [0, 1])
     full, partial = bm.block_table(0)
-    copies = bm.append_slot(1, 7)
+    copies = bm.append_slot(1)
     labkit.expect(len(copies) == 1 and copies[0][0] == partial and copies[0][1] not in (full, partial),
                   "writing into a shared partly filled block copies it: [(shared, fresh)]", got=copies)
     labkit.expect(bm.block_table(1) == [full, copies[0][1]] and bm.block_table(0) == [full, partial],
                   "the writer's table points at the copy; the other table is unchanged",
                   parent=bm.block_table(0), child=bm.block_table(1))
-    labkit.check(bm.append_slot, 0, 8, expected=[])   # the parent holds its block alone now
+    labkit.check(bm.append_slot, 0, expected=[])   # the parent holds its block alone now
     books(bm, [0, 1])
     bm.free(0)
     labkit.check(bm.ref_count, full, expected=1)
@@ -168,8 +166,7 @@ class Allocator(RuleBasedStateMachine):
                           "a prefix hit must point at blocks holding this prompt's own K/V", prompt=prompt, position=p)
         for p in range(cached, len(prompt)):
             self.shadow[self.bm.slot(seq, p)] = kv(prompt[:p + 1])
-        if hasattr(self.bm, "cache_blocks"):  # the prefill ran: its full blocks may be named now
-            self.bm.cache_blocks(seq, len(prompt))
+        self.bm.cache_blocks(seq, list(prompt))  # the prefill ran: its full blocks may be named now
         self.tokens[seq] = list(prompt)
         return seq
 
@@ -178,7 +175,7 @@ class Allocator(RuleBasedStateMachine):
         if seq not in self.tokens:
             return
         try:
-            copies = self.bm.append_slot(seq, token)
+            copies = self.bm.append_slot(seq)
         except lab.NoFreeBlocksError:
             return
         bs = self.bm.block_size
@@ -192,6 +189,7 @@ class Allocator(RuleBasedStateMachine):
         labkit.expect(self.bm.ref_count(written) == 1, "never write into a block another table holds",
                       table=self.bm.block_table(seq), block=written)
         self.shadow[self.bm.slot(seq, p)] = kv(self.tokens[seq])
+        self.bm.cache_blocks(seq, list(self.tokens[seq]))  # its K/V is written: a block it filled may be named
 
     @rule(target=seqs, parent=seqs)
     def fork(self, parent):

@@ -54,13 +54,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert cached == 0
         table = self.bm.block_table(seq)
         for i in range(cached // bs):                 # a prefix hit holds exactly the query's K/V
-            assert self.bm.blocks[table[i]].token_ids == prompt[i * bs:(i + 1) * bs]
+            assert self.bm.blocks[table[i]].token_ids == tuple(prompt[i * bs:(i + 1) * bs])
             for j in range(bs):
                 p = i * bs + j
                 assert self.shadow.get(table[i] * bs + j) == kv(prompt[:p + 1])
         for p in range(cached, len(prompt)):          # prefill computes the rest
             self.shadow[self.bm.slot(seq, p)] = kv(prompt[:p + 1])
-        self.bm.cache_blocks(seq, len(prompt))        # written: its full blocks may be named now
+        self.bm.cache_blocks(seq, list(prompt))        # written: its full blocks may be named now
         self.tokens[seq] = list(prompt)
         return seq
 
@@ -70,7 +70,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         before = self._state()
         try:
-            copies = self.bm.append_slot(seq, token)
+            copies = self.bm.append_slot(seq)
         except NoFreeBlocksError:
             assert self.bm.num_free_blocks == 0
             assert self._state() == before, "a failed append changed the pool"
@@ -86,7 +86,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         written = self.bm.block_table(seq)[p // bs]
         assert self.bm.ref_count(written) == 1, "a write into a block another table holds"
         self.shadow[self.bm.slot(seq, p)] = kv(self.tokens[seq])
-        self.bm.cache_blocks(seq, len(self.tokens[seq]))
+        self.bm.cache_blocks(seq, list(self.tokens[seq]))
 
     @rule(target=seqs, parent=seqs)
     def fork(self, parent):
@@ -153,10 +153,10 @@ def test_out_of_blocks_allocates_nothing():
         bm.allocate(1, list(range(5)))
     assert bm.stats() == before and bm.seq_ids == [0]
     bm.allocate(1, [1, 2, 3])                        # the last block still fits
-    for t in range(3):
-        bm.append_slot(0, t)                         # fills block 3 of seq 0
+    for _ in range(3):
+        bm.append_slot(0)                            # fills block 3 of seq 0
     with pytest.raises(NoFreeBlocksError):
-        bm.append_slot(0, 9)                         # needs a 5th block
+        bm.append_slot(0)                            # needs a 5th block
     assert bm.num_tokens(0) == 12 and len(bm.block_table(0)) == 3
 
 
@@ -165,11 +165,11 @@ def test_fork_then_append_copies_on_write():
     bm.allocate(0, [1, 2, 3, 4, 5, 6])               # blocks [0, 1], the second half full
     bm.fork(0, 1)
     assert bm.stats()["shared_blocks"] == 2
-    assert bm.append_slot(1, 7) == [(1, 2)]          # the child copies the shared partial block
+    assert bm.append_slot(1) == [(1, 2)]             # the child copies the shared partial block
     assert bm.block_table(1) == [0, 2] and bm.block_table(0) == [0, 1]
-    assert bm.append_slot(0, 8) == []                # the parent now holds block 1 alone
+    assert bm.append_slot(0) == []                   # the parent now holds block 1 alone
     assert [bm.ref_count(b) for b in (0, 1, 2)] == [2, 1, 1]
-    assert bm.blocks[1].token_ids == [5, 6, 8] and bm.blocks[2].token_ids == [5, 6, 7]
+    assert [b["num_tokens"] for b in bm.snapshot()["blocks"][:3]] == [4, 3, 3]
     assert bm.slot(1, 5) == 2 * 4 + 1
 
 
@@ -177,19 +177,19 @@ def test_full_shared_block_needs_no_copy():
     bm = BlockManager(num_blocks=8, block_size=2)
     bm.allocate(0, [1, 2, 3, 4])
     bm.fork(0, 1)
-    assert bm.append_slot(1, 5) == []                # the token lands in a fresh block
+    assert bm.append_slot(1) == []                   # the token lands in a fresh block
     assert bm.block_table(1)[:2] == bm.block_table(0)
 
 
 def test_prefix_hit_and_lru_eviction():
     bm = BlockManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
     assert bm.allocate(0, [1, 2, 3, 4, 5]) == 0      # blocks 0,1 full, 2 partial
-    bm.cache_blocks(0, 5)                            # prefilled: blocks 0 and 1 are named
+    bm.cache_blocks(0, [1, 2, 3, 4, 5])              # prefilled: blocks 0 and 1 are named
     assert bm.allocate(1, [1, 2, 3, 4, 9]) == 4      # shares blocks 0 and 1
     assert bm.block_table(1) == [0, 1, 3]
     assert bm.stats()["prefix_hits"] == 2 and bm.stats()["prefix_queries"] == 4
     assert bm.allocate(2, [1, 2, 3, 4]) == 2         # at least one token is computed
-    bm.cache_blocks(1, 5), bm.cache_blocks(2, 4)
+    bm.cache_blocks(1, [1, 2, 3, 4, 9]), bm.cache_blocks(2, [1, 2, 3, 4])
     bm.free(0), bm.free(1), bm.free(2)
     assert bm.stats()["cached_blocks"] == 2 and bm.num_free_blocks == 6
     assert list(bm._evictable) == [1, 0]             # least recently used first
@@ -203,7 +203,7 @@ def test_prefix_hit_and_lru_eviction():
 def test_partly_filled_block_is_never_matched():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     bm.allocate(0, [1, 2, 3, 4, 5, 6])
-    bm.cache_blocks(0, 6)
+    bm.cache_blocks(0, [1, 2, 3, 4, 5, 6])
     bm.free(0)
     assert bm.allocate(1, [1, 2, 3, 4, 5, 6, 7]) == 4
 
@@ -213,18 +213,18 @@ def test_a_block_is_named_only_once_its_kv_is_written():
     same prefix computes it again instead of reading slots nobody wrote."""
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     bm.allocate(0, [1, 2, 3, 4, 5])
-    for t in [6, 7, 8, 9]:
-        bm.append_slot(0, t)                         # blocks 0 and 1 full of reserved slots
-    bm.cache_blocks(0, 3)                            # the step computed 3 tokens: no block is whole
+    for _ in range(4):
+        bm.append_slot(0)                            # blocks 0 and 1 full of reserved slots
+    bm.cache_blocks(0, [1, 2, 3])                    # the step computed 3 tokens: no block is whole
     assert bm.stats()["cached_blocks"] == 0 and not bm._hash_to_block
     bm.free(0)                                       # preempted
     assert bm.allocate(1, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0 and bm.num_free_blocks == 5
-    bm.cache_blocks(1, 6)                            # 6 computed: block 0 only
+    bm.cache_blocks(1, [1, 2, 3, 4, 5, 6])           # 6 computed: block 0 only
     bm.free(1)
     assert bm.allocate(2, [1, 2, 3, 4, 5, 6, 7, 8, 9]) == 4
-    bm.cache_blocks(2, 9)
+    bm.cache_blocks(2, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     bm.fork(2, 3)                                    # a child names nothing twice
-    bm.cache_blocks(3, 9)
+    bm.cache_blocks(3, [1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert len(bm._hash_to_block) == 2
 
 

@@ -55,8 +55,8 @@ class Harness:
             if sid not in self.done:
                 self.bm.allocate(sid, ids[:start + k])
             else:
-                for t in ids[self.bm.num_tokens(sid):start + k]:
-                    assert self.bm.append_slot(sid, t) == []
+                for _ in range(start + k - self.bm.num_tokens(sid)):
+                    assert self.bm.append_slot(sid) == []
             inputs.append(SeqInput(ids[start:start + k], start, self.bm.block_table(sid)))
             self.done[sid] = start + k
         return self.runner.execute(inputs, all_logits=all_logits)
@@ -109,7 +109,7 @@ def test_copy_on_write_fork_keeps_the_parent(model):
     h.bm.fork(0, 1)
     h.done[1] = 10
     a, b = prompt + [5], prompt + [77]
-    copies = h.bm.append_slot(0, 5) + h.bm.append_slot(1, 77)
+    copies = h.bm.append_slot(0) + h.bm.append_slot(1)
     assert len(copies) == 1  # the first writer copies the shared block, the second owns the original
     inputs = [SeqInput([5], 10, h.bm.block_table(0)), SeqInput([77], 10, h.bm.block_table(1))]
     logits = h.runner.execute(inputs, copies)

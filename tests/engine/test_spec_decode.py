@@ -82,8 +82,11 @@ def test_rollback_leaves_the_cache_of_a_clean_run(target, spec_config):
         for seq in engine.scheduler.running:
             n = seq.num_computed_tokens
             assert bm.num_tokens(seq.seq_id) == n and len(bm.block_table(seq.seq_id)) == -(-n // bs)
-            recorded = [t for b in bm.block_table(seq.seq_id) for t in bm.blocks[b].token_ids]
-            assert recorded == seq.token_ids(0, n)  # what prefix caching will name: the kept tokens
+            table, named = bm.block_table(seq.seq_id), bm.num_cached_tokens(seq.seq_id)
+            assert n - named < bs  # every block full of kept tokens is named
+            for i in range(named // bs):  # what prefix caching named: the kept tokens, never a guess
+                block = bm.blocks[table[i]]  # (unnamed if an equal block was named first)
+                assert block.hash is None or block.token_ids == tuple(seq.token_ids(i * bs, (i + 1) * bs))
             if rejected > before and seq.is_decoding:  # a rollback just happened: compare with a clean run
                 assert_cache_equals_clean_run(engine, seq, target)
                 checked += 1
@@ -190,6 +193,23 @@ def test_budget_left_over_goes_to_guesses_oldest_first(target):
         seq.spec_token_ids = [1, 2, 3]
     engine.scheduler.fit_spec_tokens()  # 8 tokens - 3 owed = 5 for guesses
     assert [len(s.spec_token_ids) for s in engine.scheduler.running] == [3, 2, 0]
+
+
+def test_a_step_keeps_only_the_guesses_it_scheduled(target):
+    """Guesses live on the sequence alone: scheduling 1 + 2 of a decode's 1 + 4 tokens leaves it
+    the first 2 guesses, which are what the step verifies (rows 1 + 2, not 1 + 4)."""
+    from inferlab.engine.sched_output import SchedulerOutput
+    engine = make_engine(target, speculative_config=NGRAM)
+    engine.add_request("0", PROMPTS[0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    while not engine.scheduler.running or not engine.scheduler.running[0].is_decoding:
+        engine.step()
+    (seq,) = engine.scheduler.running
+    seq.spec_token_ids = [5, 6, 7, 8]
+    out = SchedulerOutput()
+    out.add(seq, 3)
+    (s,) = out.scheduled
+    assert (s.num_spec_tokens, s.num_committed, s.spec_token_ids) == (2, 1, [5, 6])
+    assert seq.spec_token_ids == [5, 6]
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -24,7 +24,7 @@ def alive(pid: int) -> bool:
 
 def test_killed_worker_fails_the_next_request_fast():
     llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
-    (pid,) = llm._tp.pids
+    (pid,) = llm.executor.pids
     params = SamplingParams(max_tokens=4, temperature=0)
     assert llm.generate(["def f"], params)[0].outputs[0].token_ids
     os.kill(pid, signal.SIGKILL)
@@ -42,7 +42,7 @@ def test_a_stuck_worker_times_out_with_a_clear_error(monkeypatch):
     """A worker that stops answering (SIGSTOP: alive, but silent) is a timeout, not a hang."""
     monkeypatch.setenv("INFERLAB_TP_TIMEOUT", "3")
     llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
-    (pid,) = llm._tp.pids
+    (pid,) = llm.executor.pids
     os.kill(pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
@@ -75,7 +75,7 @@ def test_a_bad_step_is_the_callers_error_and_the_ranks_stay_in_step():
 
 def test_shutdown_leaves_no_process():
     llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
-    pids = llm._tp.pids
+    pids = llm.executor.pids
     llm.shutdown()
     llm.shutdown()  # twice is fine
     assert not any(alive(p) for p in pids)
@@ -87,7 +87,7 @@ SCRIPT = """
 import os, sys
 from inferlab import LLM
 llm = LLM("mqa", device="cpu", dtype="float32", tensor_parallel_size=2, num_kv_blocks=8, max_num_seqs=2)
-print(llm._tp.pids[0], flush=True)
+print(llm.executor.pids[0], flush=True)
 if sys.argv[1] == "kill":
     os.kill(os.getpid(), 9)   # rank 0 dies without any cleanup
 """
@@ -105,3 +105,10 @@ def test_no_orphan_when_rank0_exits(how):
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(pid), f"worker {pid} outlived rank 0 ({how})"
+
+
+@pytest.mark.parametrize("tp, backend, words", [(1, "ray", "must be 'mp'"), (2, "uni", "needs rank processes")])
+def test_a_bad_executor_backend_fails_in_one_line_before_loading(tp, backend, words):
+    with pytest.raises(Exception, match=words) as e:
+        LLM("target", tensor_parallel_size=tp, distributed_executor_backend=backend)
+    assert "\n" not in str(e.value)
