@@ -13,7 +13,8 @@ Each step, after the scheduler reserved k lookahead slots per decoding sequence:
 2. k - 1 single-token forwards (all decoding sequences together) give guesses 2..k and their q.
 
 Rollback costs nothing: the draft's K/V past the kept tokens is overwritten when the sequence
-grows again (``draft_num_computed`` never runs ahead of ``num_computed_tokens``).
+grows again (the proposer's count of what the draft has seen, ``num_computed[seq_id]``, never
+runs ahead of the target's ``num_computed_tokens``).
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput
+from inferlab.engine.proposer import Proposer
 from inferlab.sampling import probs_from_logits
 
 
-class DraftProposer:
+class DraftProposer(Proposer):
     def __init__(self, draft, target, num_blocks: int, block_size: int, draft_tokenizer=None, target_tokenizer=None):
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
@@ -34,18 +36,24 @@ class DraftProposer:
         self.model = draft
         self.kv_cache = PagedKVCache.for_model(draft.config, num_blocks, block_size, target.dtype, target.device)
         self.runner = ModelRunner(draft, self.kv_cache)
+        # seq_id -> tokens whose draft K/V is written (absent: as many as the target's, e.g. a fork)
+        self.num_computed: dict[int, int] = {}
 
-    def propose(self, out, block_manager) -> dict[int, torch.Tensor]:
+    def guess(self, seq, room: int) -> list[int]:
+        """Placeholders: the draft writes K/V into the guesses' slots, so it guesses in ``fill``,
+        once the scheduler has reserved them."""
+        return [0] * room
+
+    def fill(self, out, block_manager) -> dict[int, torch.Tensor]:
         """Fill each scheduled decode's reserved guesses (``spec_token_ids``) with the draft's;
         returns {scheduled index: q rows [k_i, V]} for the verifier."""
         inputs, need = [], []
         for j, s in enumerate(out.scheduled):
             seq = s.seq
             end = seq.num_computed_tokens + s.num_committed
-            seen = seq.num_computed_tokens if seq.draft_num_computed is None else \
-                min(seq.draft_num_computed, seq.num_computed_tokens)
+            seen = min(self.num_computed.get(seq.seq_id, seq.num_computed_tokens), seq.num_computed_tokens)
             inputs.append(SeqInput(seq.token_ids(seen, end), seen, block_manager.block_table(seq.seq_id)))
-            seq.draft_num_computed = end
+            self.num_computed[seq.seq_id] = end
             if s.spec_token_ids:
                 need.append(j)
         self.kv_cache.copy_blocks(list(out.copies))  # the target's copy-on-write pairs apply here too
@@ -69,8 +77,14 @@ class DraftProposer:
                               block_manager.block_table(out.scheduled[j].seq.seq_id)) for j in feed]
             for j, row in zip(feed, self.runner.execute(batch)):
                 rows[j] = row
-                out.scheduled[j].seq.draft_num_computed = pos[j] + 1
+                self.num_computed[out.scheduled[j].seq.seq_id] = pos[j] + 1
         return {j: torch.stack(q) for j, q in qs.items()}
+
+    def observe(self, out, ready, emitted, hidden, starts, running) -> None:
+        """Forget the sequences that left (finished, aborted or preempted: a preempted one is
+        recomputed from 0, and its draft K/V with it)."""
+        live = {seq.seq_id for seq in running}
+        self.num_computed = {sid: n for sid, n in self.num_computed.items() if sid in live}
 
 
 def check_same_tokenizer(draft_tokenizer, target_tokenizer) -> None:

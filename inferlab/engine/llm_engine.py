@@ -30,7 +30,7 @@ from inferlab.engine.model_runner import ModelRunner, SeqInput, query_start_loc
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
 from inferlab.outputs import CompletionOutput, RequestOutput
-from inferlab.engine.spec_decode import make_proposers, propose, verify
+from inferlab.engine.spec_decode import make_proposer, verify
 from inferlab.logprobs import log_probs, token_logprobs
 from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
 from inferlab.spec.medusa import capture_hidden
@@ -47,10 +47,11 @@ class LLMEngine:
                                                num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.batching_policy, c.scheduling_policy)
-        # speculative decoding's proposer: n-gram, draft model or Medusa heads (at most one is set)
-        self.proposer, self.draft, self.medusa = make_proposers(c, model, tokenizer)
-        # Medusa reads hidden states through a hook, which a compiled forward would not run
-        self.runner = ModelRunner(model, self.kv_cache, compile_decode=not c.enforce_eager and self.medusa is None)
+        # speculative decoding's proposer (engine/proposer.py): prompt lookup, a draft model or Medusa heads
+        self.proposer = make_proposer(c, model, tokenizer)
+        self.needs_hidden = self.proposer is not None and self.proposer.needs_hidden
+        # hidden states are read through a hook, which a compiled forward would not run
+        self.runner = ModelRunner(model, self.kv_cache, compile_decode=not c.enforce_eager and not self.needs_hidden)
         self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         # grammars of constrained requests: compiled when added, a bitmask on the logits before sampling
@@ -141,9 +142,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.config.speculative_config is not None:
-            propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens, self.proposer,
-                    self.medusa)
+        if self.proposer is not None:
+            self.proposer.propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens)
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.running or self.scheduler.waiting:
@@ -152,7 +152,7 @@ class LLMEngine:
             return []
         t0 = time.perf_counter()
         now = time.monotonic()
-        draft_probs = self.draft.propose(out, self.block_manager) if self.draft is not None else {}
+        draft_probs = self.proposer.fill(out, self.block_manager) if self.proposer is not None else {}
         inputs = []
         for s in out.scheduled:
             seq, c = s.seq, s.seq.num_computed_tokens
@@ -166,7 +166,7 @@ class LLMEngine:
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
         num_logits = [1 + s.num_spec_tokens for s in out.scheduled]
         prompt_rows = self._prompt_rows(out)  # None unless a request wants prompt log-probs from this step
-        with capture_hidden(self.model) if self.medusa is not None else contextlib.nullcontext() as hidden:
+        with capture_hidden(self.model) if self.needs_hidden else contextlib.nullcontext() as hidden:
             logits = self.runner.execute(inputs, out.copies, num_logits=num_logits,  # [sum(num_logits), V]
                                          extra_rows=prompt_rows)
         starts = query_start_loc(num_logits)  # sequence j's rows: starts[j]:starts[j + 1]
@@ -192,8 +192,9 @@ class LLMEngine:
                 decoded += is_decode[j]
                 if seq.is_finished:
                     break
-        if self.medusa is not None:  # the next step's guesses, from this forward's hidden states
-            self.medusa.observe(out, ready, emitted, hidden[-1][0], starts, self.scheduler.running)
+        if self.proposer is not None:  # what was kept (Medusa: the next guesses, from this forward's hidden states)
+            self.proposer.observe(out, ready, emitted, hidden[-1][0] if self.needs_hidden else None, starts,
+                                  self.scheduler.running)
         self._account(num_prefill, decoded, time.perf_counter() - t0)
         if record is not None:
             record.update(seconds=time.perf_counter() - t0, finished=[r for r, q in touched.items() if q.finished])

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import torch
 
+from inferlab.engine.proposer import Proposer
 from inferlab.errors import InferlabError
 from inferlab.spec.medusa import load_heads
 
 
-class MedusaProposer:
+class MedusaProposer(Proposer):
+    needs_hidden = True  # the heads read the verify forward's hidden states
+
     def __init__(self, target, heads_folder, num_speculative_tokens: int):
         self.target = target
         self.heads = load_heads(heads_folder, target.config.hidden_size, target.device, target.dtype)
@@ -32,10 +35,10 @@ class MedusaProposer:
         self.k = num_speculative_tokens
         self.guesses: dict[int, tuple[int, list[int]]] = {}  # seq_id -> (num_tokens when guessed, guesses)
 
-    def propose(self, seq) -> list[int]:
+    def guess(self, seq, room: int) -> list[int]:
         """The guesses made when ``seq`` last emitted, if it has not changed since ([] otherwise)."""
         n, guesses = self.guesses.get(seq.seq_id, (-1, []))
-        return list(guesses) if n == seq.num_tokens else []
+        return list(guesses[:room]) if n == seq.num_tokens else []
 
     def observe(self, out, ready: list[int], emitted: dict[int, list[int]], hidden: torch.Tensor,
                 starts: list[int], running) -> None:

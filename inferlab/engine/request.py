@@ -44,7 +44,6 @@ class EngineSequence(Sequence):
     generator: torch.Generator | None = None
     sent_tokens: int = 0
     spec_token_ids: list[int] = dataclasses.field(default_factory=list)  # guesses to verify this step
-    draft_num_computed: int | None = None  # tokens whose draft-model K/V is written (None: as the target's)
     priority: int = 0                # vLLM's request priority: lower is served first (scheduling_policy="priority")
     metrics: RequestMetrics | None = None   # its request's, shared: arrival_time breaks ties between priorities
     logprobs: list[dict] | None = None      # one {token_id: Logprob} per output token (params.logprobs set)

@@ -1,8 +1,8 @@
-"""Speculative decoding's two hooks in the engine's step (vLLM v1: proposals before scheduling,
-rejection sampling after the forward), and the proposers the engine builds from its config.
+"""Speculative decoding in the engine's step: the proposer its config asks for, and the verifier.
 
-``propose`` gives each decoding sequence its guesses (``spec_token_ids``) before the scheduler
-runs, so the token budget and the KV slots count them. ``verify`` turns the step's logits (the
+The proposer (``inferlab.engine.proposer``: ``propose`` before scheduling, ``fill`` after it,
+``observe`` after verification) gives each decoding sequence its guesses (``spec_token_ids``), so
+the token budget and the KV slots count them. ``verify`` turns the step's logits (the
 last 1 + k rows of each sequence, ``ModelRunner.execute(num_logits=...)``) into the tokens each
 sequence emits: the accepted guesses and one more (Leviathan et al. 2023; ``inferlab.spec.rejection``).
 """
@@ -12,45 +12,27 @@ import torch
 
 from inferlab.engine.draft import DraftProposer
 from inferlab.engine.medusa import MedusaProposer
+from inferlab.engine.proposer import PromptLookupProposer, Proposer
 from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import probs_from_logits, sample
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
-def make_proposers(config, model, tokenizer):
-    """(n-gram proposer, draft-model proposer, Medusa proposer) for ``config.speculative_config``;
-    all None without speculation, at most one set."""
+def make_proposer(config, model, tokenizer) -> Proposer | None:
+    """The proposer ``config.speculative_config`` asks for (``inferlab.engine.proposer``'s
+    interface): prompt lookup, a draft model or Medusa heads; None without speculation."""
     spec = config.speculative_config
     if spec is None:
-        return None, None, None
+        return None
     if spec.method == "ngram":
-        return spec.make_proposer(), None, None
+        return PromptLookupProposer(spec.make_proposer())
     if spec.method == "draft":
         draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
-        return None, DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer,
-                                   tokenizer), None
+        return DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer, tokenizer)
     if spec.model is None:
         raise ValueError("the medusa method needs the heads' folder: give speculative_config 'model' "
                          "(LLM(model=...) finds <model>_medusa itself; train heads with `inferlab train medusa`)")
-    return None, None, MedusaProposer(model, spec.model, spec.num_speculative_tokens)
-
-
-def propose(running, k: int, proposer=None, medusa=None) -> None:
-    """Each decoding sequence guesses its next tokens (never more than it may still emit after
-    the token the verify step adds); the others guess nothing. ``proposer`` guesses from the
-    tokens (n-gram); ``medusa`` hands out what its heads guessed at the sequence's last step.
-    With neither (a draft model guesses after scheduling: its guesses' K/V need the reserved
-    slots) a sequence only reserves its k places, filled by ``inferlab.engine.draft``."""
-    for seq in running:
-        room = seq.max_guesses(k)
-        if not seq.is_decoding or room <= 0:
-            seq.spec_token_ids = []
-        elif medusa is not None:
-            seq.spec_token_ids = medusa.propose(seq)[:room]
-        elif proposer is None:
-            seq.spec_token_ids = [0] * room
-        else:
-            seq.spec_token_ids = proposer.propose(seq.token_ids(0, seq.num_tokens))[:room]
+    return MedusaProposer(model, spec.model, spec.num_speculative_tokens)
 
 
 def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft_probs: dict | None,

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from inferlab import LLM, labkit
+from inferlab.engine.proposer import PromptLookupProposer
 from inferlab.sampling import SamplingParams
 
 lab = labkit.implementation(__file__, reference="inferlab.spec",
@@ -241,7 +242,8 @@ def speculative_outputs(spec: dict, with_proposer: bool, **knobs):
     verifier = Counted(lab.rejection_sample)
     engine.rejection_sampler = verifier
     if with_proposer:
-        engine.proposer = lab.NgramProposer(spec["num_speculative_tokens"], 1, spec["prompt_lookup_max"])
+        engine.proposer = PromptLookupProposer(lab.NgramProposer(spec["num_speculative_tokens"], 1,
+                                                                 spec["prompt_lookup_max"]))
     outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     labkit.expect(verifier.calls > 0, "the engine verified guesses with your rejection_sample")
     return outs, engine

@@ -106,20 +106,21 @@ def assert_cache_equals_clean_run(engine, seq, pair):
         ck, cv = clean.kv_cache.gather(layer, ctable, n)
         torch.testing.assert_close(k, ck, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, cv, atol=1e-4, rtol=1e-4)
-    if engine.draft is not None:  # the draft's K/V of the tokens it saw: those of a clean draft prefill
-        from inferlab.engine.draft import DraftProposer
+    from inferlab.engine.draft import DraftProposer
 
-        seen = min(seq.draft_num_computed, n)
-        draft = engine.draft.model
+    if isinstance(engine.proposer, DraftProposer):  # the draft's K/V of the tokens it saw: a clean draft prefill's
+        drafted = engine.proposer.num_computed[seq.seq_id]
+        seen = min(drafted, n)
+        draft = engine.proposer.model
         clean_draft = DraftProposer(draft, engine.model, 64, 4)
         clean_draft.runner.execute([SeqInput(seq.token_ids(0, seen), 0, ctable.tolist())])
         for layer in range(draft.config.num_hidden_layers):
-            k, v = engine.draft.kv_cache.gather(layer, table, seen)
+            k, v = engine.proposer.kv_cache.gather(layer, table, seen)
             ck, cv = clean_draft.kv_cache.gather(layer, ctable, seen)
             torch.testing.assert_close(k, ck, atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(v, cv, atol=1e-4, rtol=1e-4)
         # the draft saw every kept token but at most the last kept guess (it feeds that one next step)
-        assert n - 1 <= seq.draft_num_computed, (seq.draft_num_computed, n)
+        assert n - 1 <= drafted, (drafted, n)
 
 
 def model_layers(engine) -> int:
@@ -269,3 +270,38 @@ def test_generate_cli_speculative_config(capsys):
             main(args + ["--speculative-config", bad])
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1]
+
+
+def test_a_new_proposer_plugs_in_through_the_interface(target):
+    """Any ``Proposer`` drives the engine's speculative step: one that knows the greedy answer
+    (an oracle) has every guess accepted, so 3 guesses per step take about a quarter of the steps,
+    and the outputs are plain decoding's; one that always guesses wrong loses no token either."""
+    from inferlab.engine.proposer import Proposer
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = make_engine(target)
+    for i, p in enumerate(PROMPTS[:3]):
+        plain.add_request(str(i), p, params)
+    want = {r: o.outputs[0].token_ids for r, o in run_all(plain).items()}
+
+    class Oracle(Proposer):
+        def __init__(self, wrong: bool):
+            self.wrong = wrong
+
+        def guess(self, seq, room):
+            done = len(seq.output_token_ids)
+            nxt = want[seq.request_id][done:done + room]
+            return [(t + 1) % 100 for t in nxt] if self.wrong else nxt
+
+    for wrong in (False, True):
+        engine = make_engine(target, speculative_config=NGRAM)
+        engine.proposer = Oracle(wrong)
+        for i, p in enumerate(PROMPTS[:3]):
+            engine.add_request(str(i), p, params)
+        got = {r: o.outputs[0].token_ids for r, o in run_all(engine).items()}
+        c = engine.counters
+        assert got == want
+        accepted = c["spec_decode_num_accepted_tokens"]
+        assert accepted == (0 if wrong else c["spec_decode_num_draft_tokens"]) and c["spec_decode_num_drafts"] > 0
+        if not wrong:
+            assert c["num_steps"] < plain.counters["num_steps"] / 2

@@ -1,0 +1,63 @@
+"""The proposer seam of speculative decoding: one interface for every way of guessing tokens.
+
+A proposer takes part in the engine's step at three points (vLLM v1 has the same three: propose
+before scheduling, draft after the slots exist, update after sampling):
+
+    propose(running, k)        before scheduling: each decoding sequence gets its guesses
+                               (``seq.spec_token_ids``), so the token budget and the KV slots
+                               count them. A proposer whose guesses need the reserved slots (a
+                               draft model writes K/V there) sets placeholders here.
+    fill(out, block_manager)   after scheduling, before the target's forward: write the guesses
+                               that needed the slots; returns {scheduled index: q rows [k_i, V]}
+                               for exact rejection sampling ({} when the guesses have no q).
+    observe(out, ready, emitted, hidden, starts, running)
+                               after verification: learn from what was kept (Medusa reads the
+                               hidden states of the rows that emitted, ``needs_hidden``).
+
+Each proposer keeps its own per-sequence state (a draft model's count of the tokens it has K/V
+for, Medusa's guesses waiting for the next step), keyed by ``seq_id`` and dropped when the
+sequence leaves ``running``. The guesses themselves live on the sequence only.
+
+Implementations: ``PromptLookupProposer`` here (prompt lookup over the sequence's own tokens, through
+any matcher with ``propose(token_ids)``: ``inferlab.spec.ngram``'s, or lab 04's),
+``inferlab.engine.draft.DraftProposer`` and ``inferlab.engine.medusa.MedusaProposer``.
+"""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+
+class Proposer(abc.ABC):
+    needs_hidden = False  # True: the engine captures the forward's last hidden states for observe
+
+    def propose(self, running, k: int) -> None:
+        """Give each decoding sequence up to ``k`` guesses, never more than it may still emit
+        after the token the verify step adds; the others guess nothing."""
+        for seq in running:
+            room = seq.max_guesses(k)
+            seq.spec_token_ids = self.guess(seq, room) if seq.is_decoding and room > 0 else []
+
+    @abc.abstractmethod
+    def guess(self, seq, room: int) -> list[int]:
+        """At most ``room`` guesses for the tokens after ``seq``'s last one."""
+
+    def fill(self, out, block_manager) -> dict[int, torch.Tensor]:
+        """Guesses that need their reserved slots, and the draft distributions q (default: none)."""
+        return {}
+
+    def observe(self, out, ready: list[int], emitted: dict[int, list[int]], hidden: torch.Tensor | None,
+                starts: list[int], running) -> None:
+        """What the step kept (default: nothing to learn)."""
+
+
+class PromptLookupProposer(Proposer):
+    """Prompt lookup (vLLM's ``ngram``): copy what followed the last n tokens earlier in the
+    sequence. ``matcher.propose(token_ids)`` finds it (``inferlab.spec.ngram.NgramProposer``)."""
+
+    def __init__(self, matcher):
+        self.matcher = matcher
+
+    def guess(self, seq, room: int) -> list[int]:
+        return self.matcher.propose(seq.token_ids(0, seq.num_tokens))[:room]
