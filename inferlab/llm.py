@@ -39,7 +39,8 @@ class LLM:
     speculative_config: speculative decoding as a mode of the engine's step, vLLM's dict:
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} (prompt lookup) or
         {"model": "draft", "num_speculative_tokens": 4} (a draft model with the target's vocabulary) or
-        {"method": "medusa", "num_speculative_tokens": 3} (Medusa heads, from <model>_medusa).
+        {"method": "medusa", "num_speculative_tokens": 3} (Medusa heads, from <model>_medusa) or
+        {"method": "eagle", "num_speculative_tokens": 4} (an EAGLE draft, from <model>_eagle).
     quantization: vLLM's argument. None (default): the weights as stored. A method of
         ``inferlab.quant.METHODS`` ("int8", "int4", "gptq", "awq", "nf4", "q8_0", "q4_0",
         "q4_k" ...): quantize the linears at load. "none": no quantization (a GGUF's blocks are
@@ -69,9 +70,11 @@ class LLM:
                               gpu_memory_utilization, speculative_config, scheduling_policy, enforce_eager,
                               max_logprobs, logprobs_mode)
         spec = SpeculativeConfig.from_dict(speculative_config)  # a bad dict fails before anything loads
-        if spec is not None and spec.method == "medusa" and spec.model is None:  # the heads beside the model
+        if spec is not None and spec.method in ("medusa", "eagle") and spec.model is None:  # beside the model
+            from inferlab.spec.eagle import eagle_folder_for
             from inferlab.spec.medusa import heads_folder_for
-            config.speculative_config = dataclasses.replace(spec, model=str(heads_folder_for(model)))
+            folder = (heads_folder_for if spec.method == "medusa" else eagle_folder_for)(model)
+            config.speculative_config = dataclasses.replace(spec, model=str(folder))
         backend = get_backend(attention_backend)  # check the knobs before loading anything
         quantization = check_quantization(quantization)
         if distributed_executor_backend not in (None, "mp", "uni"):

@@ -48,3 +48,21 @@ def smollm2_transformers(smollm2_file):
     folder, name = str(smollm2_file.parent), smollm2_file.name
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
     return model, transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+@pytest.fixture(scope="session")
+def toy_eagle_folder(tmp_path_factory):
+    """An EAGLE draft for the embedded target, untrained but started as ``inferlab train eagle``
+    starts one (the target's last layer and head), over a draft vocabulary of every other token:
+    its guesses are plausible, and half the vocabulary can never be guessed (q = 0 there)."""
+    import torch
+
+    from inferlab.model.loader import load_checkpoint
+    from inferlab.spec.eagle import save_eagle
+    from inferlab.spec.eagle_train import init_draft
+
+    model, _ = load_checkpoint("target", device="cpu")
+    folder = tmp_path_factory.mktemp("eagle") / "target_eagle"
+    torch.manual_seed(0)
+    save_eagle(init_draft(model, torch.arange(0, model.config.vocab_size, 2)), folder, "target", dtype=torch.float32)
+    return folder

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -52,6 +53,21 @@ def held_out_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
         if len(prompts) == n:
             break
     return prompts
+
+
+PROMPT_SETS = Path(__file__).with_name("spec_prompts.json")
+
+
+def chat_prompts(tokenizer, name: str, n: int | None = None) -> list[list[int]]:
+    """The held-out set ``name`` ("grounded" or "free", ``spec_prompts.json``) as chat prompts
+    through the model's own template: one user message each."""
+    from inferlab.model.chat import Chat
+
+    sets = json.loads(PROMPT_SETS.read_text())
+    if name not in sets or name == "about":
+        raise InferlabError(f"unknown prompt set {name!r}: choose code, grounded or free")
+    chat = Chat(tokenizer)
+    return [chat.prompt([{"role": "user", "content": text}])[1] for text in sets[name][:n]]
 
 
 def _forward_cost(model, tokens: int, context: int, repeats: int = 20, batch: int = 1) -> float:
@@ -159,8 +175,8 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
             "methods": rows, **({"medusa_skipped": no_heads} if heads is None else {})}
 
 
-def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, list, dict]:
-    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=max(len(prompts), 1), speculative_config=spec))
+def _engine_run(model, tok, prompts, params, spec: dict | None, max_num_seqs: int | None = None) -> tuple[float, list, dict]:
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=max_num_seqs or max(len(prompts), 1), speculative_config=spec))
     t = time.perf_counter()
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, params)
@@ -174,52 +190,108 @@ def _engine_run(model, tok, prompts, params, spec: dict | None) -> tuple[float, 
 
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
                  new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft",
-                 medusa: tuple | None = None) -> list[dict]:
+                 medusa: tuple | None = None, eagle: str | None = None, prompts: list[list[int]] | None = None,
+                 params: SamplingParams | None = None) -> list[dict]:
     """Speculation through the engine against the engine without it, per batch size, method and k
-    (``medusa``: (the heads' folder, their number), for a "medusa" method: k up to that number)."""
+    (``medusa``: (the heads' folder, their number), for a "medusa" method: k up to that number;
+    ``eagle``: the EAGLE draft's folder, for an "eagle" method).
+
+    Without ``prompts``, batch size b runs the first b held-out code prompts at once. With
+    ``prompts`` (token ids, e.g. ``chat_prompts``) and ``params``, every batch size runs all of
+    them, at most b at a time (``max_num_seqs`` = b), and tokens/s counts the tokens emitted."""
+    from inferlab.spec.eagle import drafting_cost, load_eagle
+
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
     configs = {"ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4},
                "draft": lambda k: {"model": draft, "num_speculative_tokens": k},
-               "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0])}}
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    every = held_out_prompts(tok, max(batch_sizes), prompt_tokens)
+               "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0])},
+               "eagle": lambda k: {"method": "eagle", "num_speculative_tokens": k, "model": str(eagle)}}
+    given = prompts is not None
+    params = params or SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)
     dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods else None
     heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
+    edraft = load_eagle(eagle, model.config, model.device, model.dtype) if "eagle" in methods else None
     rows = []
     for b in batch_sizes:
-        prompts = every[:b]
-        _engine_run(model, tok, prompts, params, None)  # warm-up
+        prompts = every if given else every[:b]
+        seqs = b if given else None
+        _engine_run(model, tok, prompts[:b], params, None, seqs)  # warm-up
         plain_s, plain_out, plain_c = float("inf"), None, None
         best = {}
         for _ in range(repeats):
-            dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None)
+            dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None, seqs)
             plain_s = min(plain_s, dt)
             for method, k in runs:
-                dt, outs, c = _engine_run(model, tok, prompts, params, configs[method](k))
+                dt, outs, c = _engine_run(model, tok, prompts, params, configs[method](k), seqs)
                 if dt < best.get((method, k), (float("inf"),))[0]:
                     best[(method, k)] = (dt, outs, c)
+        emitted = sum(len(o) for o in plain_out)
+        width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
-        one = _forward_cost(model, 1, prompt_tokens, batch=len(prompts))
-        draft_c = _forward_cost(dmodel, 1, prompt_tokens, batch=len(prompts)) / one if dmodel is not None else 0.0
+        one = _forward_cost(model, 1, prompt_tokens, batch=width)
+        draft_c = _forward_cost(dmodel, 1, prompt_tokens, batch=width) / one if dmodel is not None else 0.0
+        eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width) if edraft is not None else 0.0
         for method, k in runs:
             dt, outs, c = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
                                           c["spec_decode_num_accepted_tokens"])
             length = 1 + accepted / max(drafts, 1)
             alpha = alpha_from_tokens_per_step(length, k)
-            cost = {"ngram": 0.0, "draft": draft_c}.get(method)
+            cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
             if cost is None:  # medusa
-                cost = _heads_cost(model, heads, k, batch=len(prompts)) / one
-            v = _forward_cost(model, k + 1, prompt_tokens, batch=len(prompts)) / one
-            rows.append({"batch_size": len(prompts), "method": method, "num_speculative_tokens": k,
-                         "baseline_tokens_per_s": len(prompts) * new_tokens / plain_s,
-                         "tokens_per_s": len(prompts) * new_tokens / dt, "speedup": plain_s / dt,
+                cost = _heads_cost(model, heads, k, batch=width) / one
+            v = _forward_cost(model, k + 1, prompt_tokens, batch=width) / one
+            rows.append({"batch_size": width, "method": method, "num_speculative_tokens": k,
+                         "baseline_tokens_per_s": emitted / plain_s,
+                         "tokens_per_s": emitted / dt, "speedup": plain_s / dt,
                          "acceptance_rate": accepted / max(proposed, 1), "alpha": alpha,
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
                          "predicted_speedup": predicted_speedup(alpha, k, cost, v),
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
                          "outputs_identical": outs == plain_out})
     return rows
+
+
+GOALS = {"grounded": (2.5, ("ngram", "draft", "eagle", "medusa")), "free": (1.8, ("draft", "eagle"))}
+
+
+def needed_alpha(goal: float, k: int, c: float, v: float) -> float | None:
+    """The per-position acceptance at which Leviathan's formula reaches ``goal`` with this k, c
+    and v (None: not even a = 1 does)."""
+    if predicted_speedup(1.0 - 1e-12, k, c, v) < goal:
+        return None
+    lo, hi = 0.0, 1.0 - 1e-12
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, k, c, v) < goal else (lo, mid)
+    return hi
+
+
+def goal_verdict(rows: list[dict], prompt_set: str) -> dict | None:
+    """The set's goal at batch 1 (best method among those it names): met, or missed with the
+    factor that falls short (the acceptance a that would reach it at the measured c and v, and
+    the share of the predicted speedup the engine's step delivered)."""
+    if prompt_set not in GOALS:
+        return None
+    goal, allowed = GOALS[prompt_set]
+    cands = [r for r in rows if r["batch_size"] == 1 and r["method"] in allowed]
+    if not cands:
+        return None
+    r = max(cands, key=lambda r: r["speedup"])
+    out = {"prompt_set": prompt_set, "goal": goal, "method": r["method"], "num_speculative_tokens": r["num_speculative_tokens"],
+           "speedup": r["speedup"], "predicted_speedup": r["predicted_speedup"], "met": r["speedup"] >= goal,
+           "alpha": r["alpha"], "needed_alpha": needed_alpha(goal, r["num_speculative_tokens"], r["draft_cost_ratio"],
+                                                            r["verify_cost_ratio"]),
+           "delivered_share_of_prediction": r["speedup"] / r["predicted_speedup"]}
+    return out
+
+
+def _eagle_folder(target: str):
+    from inferlab.spec.eagle import eagle_folder_for
+
+    folder = eagle_folder_for(target)
+    return folder if (folder / "config.json").exists() else None
 
 
 def main(argv: list[str]) -> int:
@@ -229,42 +301,97 @@ def main(argv: list[str]) -> int:
     p.add_argument("--target", default="target", help="target model (default: target)")
     p.add_argument("--draft", default="draft", help="draft model (default: draft)")
     p.add_argument("--k", type=int, nargs="+", default=[2, 4], help="guesses per step to sweep (default: 2 4)")
-    p.add_argument("--prompts", type=int, default=4, help="held-out prompts (default: 4)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default: 64)")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="held-out prompts (default: 4 code prompts; all 16 of a chat set)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="tokens generated per prompt (default: 64; a chat answer stops at its end, at most 128)")
     p.add_argument("--repeats", type=int, default=2, help="timed repeats, best kept (default: 2)")
     p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16],
                    help="batch sizes of the engine table (default: 1 4 16; none: skip it)")
+    p.add_argument("--prompt-set", nargs="+", choices=["code", "grounded", "free"], default=None,
+                   help="code: held-out standard-library files (the embedded pair; both tables); grounded, free: "
+                        "bench/spec_prompts.json as chat prompts (engine table; default for a chat model: both)")
+    p.add_argument("--methods", nargs="+", choices=["ngram", "draft", "medusa", "eagle"], default=None,
+                   help="methods of the engine table (default: every one this target has)")
     add_quantization_argument(p, "the target: ")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
-    if min(args.k) < 1 or args.prompts < 1 or args.new_tokens < 1 or args.repeats < 1 or min(args.batch_sizes or [1]) < 1:
+    if min(args.k) < 1 or (args.prompts or 1) < 1 or (args.new_tokens or 1) < 1 or args.repeats < 1 \
+            or min(args.batch_sizes or [1]) < 1:
         p.error("--k, --prompts, --new-tokens, --repeats and --batch-sizes must be >= 1")
-    res = run(args.target, args.draft, tuple(args.k), args.prompts, 128, args.new_tokens, args.repeats,
-              args.quantization)
-    if args.batch_sizes:
-        model, tok, _ = load_model(args.target, "cpu", quantization=args.quantization)
-        heads, _ = medusa_heads(args.target, model)
-        res["engine"] = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens,
-                                     args.repeats, methods=("ngram", "draft") + (("medusa",) if heads is not None else ()),
-                                     draft=args.draft, medusa=None if heads is None else (heads_folder_for(args.target), heads.num_heads))
+    model, tok, _ = load_model(args.target, "cpu", quantization=args.quantization)
+    chat = getattr(tok, "chat_template", None) is not None
+    sets = args.prompt_set or (["grounded", "free"] if chat else ["code"])
+    heads, _ = medusa_heads(args.target, model)
+    eagle = _eagle_folder(args.target)
+    skipped = {}
+    methods = ["ngram", "draft"] + (["medusa"] if heads is not None else []) + (["eagle"] if eagle else [])
+    if heads is None:
+        skipped["medusa"] = f"no Medusa heads for {args.target} (train them with `inferlab train medusa`)"
+    if eagle is None:
+        skipped["eagle"] = f"no EAGLE draft for {args.target} (train one with `inferlab train eagle --target {args.target}`)"
+    try:
+        from inferlab.engine.draft import check_same_tokenizer
+        check_same_tokenizer(load_checkpoint(args.draft, device="cpu")[1], tok)
+    except (ValueError, InferlabError) as exc:
+        methods.remove("draft")
+        skipped["draft"] = f"{args.draft}: {str(exc).split(':')[0]}"
+    if args.methods:
+        methods = [m for m in methods if m in args.methods]
+    medusa = None if heads is None else (heads_folder_for(args.target), heads.num_heads)
+    res = {"target": args.target, "quantization": args.quantization, "threads": torch.get_num_threads(),
+           "skipped_methods": skipped, "engine": [], "goals": []}
+    for name in sets:
+        if name == "code":
+            res.update(run(args.target, args.draft, tuple(args.k), args.prompts or 4, 128, args.new_tokens or 64,
+                           args.repeats, args.quantization))
+            rows = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens or 64,
+                                args.repeats, methods=tuple(methods), draft=args.draft, medusa=medusa,
+                                eagle=eagle) if args.batch_sizes else []
+        else:
+            from inferlab.model.chat import Chat
+
+            params = Chat(tok).sampling_params(SamplingParams(temperature=0, max_tokens=args.new_tokens or 128))
+            rows = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes or [1]), 128, args.new_tokens or 128,
+                                args.repeats, methods=tuple(methods), draft=args.draft, medusa=medusa, eagle=eagle,
+                                prompts=chat_prompts(tok, name, args.prompts), params=params)
+        for r in rows:
+            r["prompt_set"] = name
+        res["engine"] += rows
+        verdict = goal_verdict(rows, name)
+        if verdict:
+            res["goals"].append(verdict)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"{res['path']}: plain decoding {res['baseline_tokens_per_s']:.1f} tok/s "
-          f"({res['prompts']} held-out prompts x {res['new_tokens']} tokens, {res['threads']} threads)")
-    print(f"{'method':8} {'k':>2} {'tok/s':>7} {'speedup':>8} {'predicted':>9} {'a':>5} {'len':>5} {'c':>5} {'v':>5} same"
-          "   (a: per-position acceptance, from len)")
-    for r in res["methods"]:
+    if "methods" in res:
+        print(f"{res['path']}: plain decoding {res['baseline_tokens_per_s']:.1f} tok/s "
+              f"({res['prompts']} held-out prompts x {res['new_tokens']} tokens, {res['threads']} threads)")
+        print(f"{'method':8} {'k':>2} {'tok/s':>7} {'speedup':>8} {'predicted':>9} {'a':>5} {'len':>5} {'c':>5} {'v':>5} same"
+              "   (a: per-position acceptance, from len)")
+    for r in res.get("methods", []):
         print(f"{r['method']:8} {r['num_speculative_tokens']:>2} {r['tokens_per_s']:7.1f} {r['speedup']:7.2f}x "
               f"{r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} {r['mean_acceptance_length']:5.2f} "
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
-    if res.get("engine"):
-        print("\nthe engine, speculation against the engine without it (greedy, all prompts at once)")
+    for name in dict.fromkeys(r["prompt_set"] for r in res["engine"]):
+        print(f"\nthe engine on the {name} prompts, speculation against the engine without it (greedy; "
+              + ("all prompts at once)" if name == "code" else "all prompts, at most batch-size at a time)"))
         print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'predicted':>9} "
               f"{'a':>5} {'len':>5} {'c':>5} {'v':>5} {'steps':>11} same")
-        for r in res["engine"]:
+        for r in (r for r in res["engine"] if r["prompt_set"] == name):
             print(f"{r['batch_size']:>5} {r['method']:8} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
                   f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} "
                   f"{r['mean_acceptance_length']:5.2f} {r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} "
                   f"{r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
+    for g in res["goals"]:
+        line = (f"goal on {g['prompt_set']}: {g['goal']}x at batch 1 -> {g['method']} k={g['num_speculative_tokens']} "
+                f"{g['speedup']:.2f}x: {'met' if g['met'] else 'MISSED'}")
+        if not g["met"]:
+            need = ("no a reaches it at this c and v" if g["needed_alpha"] is None
+                    else f"a = {g['alpha']:.2f} where the formula needs {g['needed_alpha']:.2f}")
+            line += (f" ({need}; the step delivered {g['delivered_share_of_prediction']:.0%} of the "
+                     f"{g['predicted_speedup']:.2f}x the formula predicts from its own a, c and v)")
+        print(line)
+    for m, why in res["skipped_methods"].items():
+        print(f"skipped {m}: {why}")
     return 0

@@ -33,7 +33,6 @@ from inferlab.outputs import CompletionOutput, RequestOutput
 from inferlab.engine.spec_decode import make_proposer, verify
 from inferlab.logprobs import log_probs, token_logprobs
 from inferlab.sampling import RequestOutputKind, SamplingParams, make_generator, sample
-from inferlab.spec.medusa import capture_hidden
 from inferlab.structured import StructuredOutputs
 
 
@@ -47,7 +46,7 @@ class LLMEngine:
                                                num_kv_heads=model.model.layers[0].self_attn.n_kv)  # a TP rank's share
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill, c.batching_policy, c.scheduling_policy)
-        # speculative decoding's proposer (engine/proposer.py): prompt lookup, a draft model or Medusa heads
+        # speculative decoding's proposer (engine/proposer.py): prompt lookup, a draft model, Medusa or EAGLE
         self.proposer = make_proposer(c, model, tokenizer)
         self.needs_hidden = self.proposer is not None and self.proposer.needs_hidden
         # hidden states are read through a hook, which a compiled forward would not run
@@ -166,7 +165,7 @@ class LLMEngine:
         num_prefill = sum(s.num_new_tokens for s, d in zip(out.scheduled, is_decode) if not d)
         num_logits = [1 + s.num_spec_tokens for s in out.scheduled]
         prompt_rows = self._prompt_rows(out)  # None unless a request wants prompt log-probs from this step
-        with capture_hidden(self.model) if self.needs_hidden else contextlib.nullcontext() as hidden:
+        with self.proposer.capture(self.model) if self.needs_hidden else contextlib.nullcontext() as hidden:
             logits = self.runner.execute(inputs, out.copies, num_logits=num_logits,  # [sum(num_logits), V]
                                          extra_rows=prompt_rows)
         starts = query_start_loc(num_logits)  # sequence j's rows: starts[j]:starts[j + 1]
@@ -192,7 +191,7 @@ class LLMEngine:
                 decoded += is_decode[j]
                 if seq.is_finished:
                     break
-        if self.proposer is not None:  # what was kept (Medusa: the next guesses, from this forward's hidden states)
+        if self.proposer is not None:  # what was kept (Medusa, EAGLE: from this forward's hidden states)
             self.proposer.observe(out, ready, emitted, hidden[-1][0] if self.needs_hidden else None, starts,
                                   self.scheduler.running)
         self._account(num_prefill, decoded, time.perf_counter() - t0)

@@ -12,7 +12,8 @@ before scheduling, draft after the slots exist, update after sampling):
                                for exact rejection sampling ({} when the guesses have no q).
     observe(out, ready, emitted, hidden, starts, running)
                                after verification: learn from what was kept (Medusa reads the
-                               hidden states of the rows that emitted, ``needs_hidden``).
+                               hidden states of the rows that emitted, EAGLE the features of
+                               every kept row: ``needs_hidden`` and ``capture``).
 
 Each proposer keeps its own per-sequence state (a draft model's count of the tokens it has K/V
 for, Medusa's guesses waiting for the next step), keyed by ``seq_id`` and dropped when the
@@ -20,7 +21,8 @@ sequence leaves ``running``. The guesses themselves live on the sequence only.
 
 Implementations: ``PromptLookupProposer`` here (prompt lookup over the sequence's own tokens, through
 any matcher with ``propose(token_ids)``: ``inferlab.spec.ngram``'s, or lab 04's),
-``inferlab.engine.draft.DraftProposer`` and ``inferlab.engine.medusa.MedusaProposer``.
+``inferlab.engine.draft.DraftProposer``, ``inferlab.engine.medusa.MedusaProposer`` and
+``inferlab.engine.eagle.EagleProposer``.
 """
 from __future__ import annotations
 
@@ -50,6 +52,12 @@ class Proposer(abc.ABC):
     def observe(self, out, ready: list[int], emitted: dict[int, list[int]], hidden: torch.Tensor | None,
                 starts: list[int], running) -> None:
         """What the step kept (default: nothing to learn)."""
+
+    def capture(self, model):
+        """With ``needs_hidden``: a context manager collecting what ``observe`` gets as ``hidden``
+        from the target's forward (default: the final-norm hidden states of the logits rows)."""
+        from inferlab.spec.medusa import capture_hidden
+        return capture_hidden(model)
 
 
 class PromptLookupProposer(Proposer):

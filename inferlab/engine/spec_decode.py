@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from inferlab.engine.draft import DraftProposer
+from inferlab.engine.eagle import EagleProposer
 from inferlab.engine.medusa import MedusaProposer
 from inferlab.engine.proposer import PromptLookupProposer, Proposer
 from inferlab.model.loader import load_checkpoint
@@ -20,7 +21,7 @@ from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 def make_proposer(config, model, tokenizer) -> Proposer | None:
     """The proposer ``config.speculative_config`` asks for (``inferlab.engine.proposer``'s
-    interface): prompt lookup, a draft model or Medusa heads; None without speculation."""
+    interface): prompt lookup, a draft model, Medusa heads or an EAGLE draft; None without speculation."""
     spec = config.speculative_config
     if spec is None:
         return None
@@ -30,8 +31,11 @@ def make_proposer(config, model, tokenizer) -> Proposer | None:
         draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
         return DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer, tokenizer)
     if spec.model is None:
-        raise ValueError("the medusa method needs the heads' folder: give speculative_config 'model' "
-                         "(LLM(model=...) finds <model>_medusa itself; train heads with `inferlab train medusa`)")
+        raise ValueError(f"the {spec.method} method needs its folder: give speculative_config 'model' "
+                         f"(LLM(model=...) finds <model>_{spec.method} itself; train one with "
+                         f"`inferlab train {spec.method}`)")
+    if spec.method == "eagle":
+        return EagleProposer(model, spec.model, config.num_kv_blocks, config.block_size)
     return MedusaProposer(model, spec.model, spec.num_speculative_tokens)
 
 

@@ -4,6 +4,8 @@
     {"model": "draft", "num_speculative_tokens": 4}      (method "draft": a smaller model guesses)
     {"method": "medusa", "num_speculative_tokens": 3}    (Medusa heads on the target; "model" may name
                                                           the heads' folder, else <target>_medusa)
+    {"method": "eagle", "num_speculative_tokens": 4}     (an EAGLE draft over the target's features;
+                                                          "model" may name its folder, else <target>_eagle)
 
 ``num_speculative_tokens`` (k) is how many guesses each decoding sequence gets per step; every
 guess costs a query row in the verify forward whether it is kept or not, so k is capped.
@@ -15,7 +17,7 @@ import dataclasses
 from inferlab.spec.ngram import NgramProposer
 
 MAX_SPECULATIVE_TOKENS = 16
-METHODS = ("ngram", "draft", "medusa")
+METHODS = ("ngram", "draft", "medusa", "eagle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +55,10 @@ class SpeculativeConfig:
         k = d.pop("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
-        if method == "medusa":
+        if method in ("medusa", "eagle"):
             if d:
-                raise ValueError(f"unknown speculative_config keys {sorted(d)}: the medusa method takes "
-                                 "num_speculative_tokens and, optionally, model (the heads' folder)")
+                raise ValueError(f"unknown speculative_config keys {sorted(d)}: the {method} method takes "
+                                 f"num_speculative_tokens and, optionally, model (the {method} folder)")
             return cls(method, k, model=None if model is None else str(model))
         if method == "draft":
             if d:

@@ -50,3 +50,9 @@ def same_greedy(model, prompt, got, want, tol: float = 1e-4) -> bool:
     with torch.inference_mode():
         logits = model(torch.tensor([list(prompt) + list(want[:j])], device=model.device), last_only=True)[0, -1]
     return abs(float(logits[want[j]]) - float(logits[got[j]])) < tol
+
+
+
+@pytest.fixture(scope="session")
+def eagle_config(toy_eagle_folder):
+    return {"method": "eagle", "num_speculative_tokens": 3, "model": str(toy_eagle_folder)}

@@ -10,6 +10,7 @@ import torch
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.model_runner import SeqInput
+from inferlab.errors import InferlabError
 from inferlab.sampling import SamplingParams
 from inferlab.spec.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 
@@ -243,6 +244,8 @@ def test_llm_takes_vllm_shaped_config(target):
     from inferlab.llm import LLM
 
     with pytest.raises(ValueError, match="unknown speculative method"):
+        LLM(model="target", speculative_config={"method": "lookahead", "num_speculative_tokens": 2})
+    with pytest.raises(InferlabError, match="no EAGLE draft at .*target_eagle: train one"):  # none ships for the toy
         LLM(model="target", speculative_config={"method": "eagle", "num_speculative_tokens": 2})
     llm = LLM.from_model(*target, speculative_config=NGRAM)
     assert llm.llm_engine.config.speculative_config == SpeculativeConfig("ngram", 3, 1, 4)

@@ -56,8 +56,11 @@ def exact_joint(model, prompt, params, depth=3, prefix=(), mass=1.0, out=None, c
                  marks=pytest.mark.slow),
 ])
 @pytest.mark.parametrize("spec_config", [{"method": "ngram", "num_speculative_tokens": 2},
-                                         {"model": "draft", "num_speculative_tokens": 2}], ids=["ngram", "draft"])
-def test_sampled_outputs_follow_the_target(target, params, spec_config):
+                                         {"model": "draft", "num_speculative_tokens": 2}, "eagle"],
+                         ids=["ngram", "draft", "eagle"])
+def test_sampled_outputs_follow_the_target(target, params, spec_config, request):
+    if spec_config == "eagle":  # q over a draft vocabulary: zero outside it
+        spec_config = {**request.getfixturevalue("eagle_config"), "num_speculative_tokens": 2}
     model, tok = target
     prompt, n = tok.encode(PROMPT), 3000
     engine = make_engine(target, max_num_seqs=256, enable_prefix_caching=True, speculative_config=spec_config)

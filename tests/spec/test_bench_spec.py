@@ -55,3 +55,47 @@ def test_bench_spec_json_has_medusa_rows(capsys):
     assert row["acceptance_rate"] > 0 and row["predicted_speedup"] > 0 and row["speedup"] > 0
     (erow,) = [r for r in res["engine"] if r["method"] == "medusa"]
     assert erow["batch_size"] == 1 and erow["outputs_identical"] is True and erow["acceptance_rate"] > 0
+
+
+def test_engine_table_on_chat_prompts_runs_every_prompt_at_each_batch_size(toy_eagle_folder):
+    """A chat set (``spec_prompts.json`` through the template): every batch size runs all the
+    prompts, the answers stop at the end of the turn, EAGLE's c is measured, outputs match."""
+    from inferlab.model.chat import Chat
+    from inferlab.model.loader import load_checkpoint
+    from inferlab.sampling import SamplingParams
+
+    model, tok = load_checkpoint("target", device="cpu")
+    prompts = spec.chat_prompts(tok, "grounded", 3)
+    params = Chat(tok).sampling_params(SamplingParams(temperature=0, max_tokens=8))
+    rows = spec.engine_table(model, tok, ks=(2,), batch_sizes=(1, 2), prompt_tokens=32, repeats=1,
+                             methods=("ngram", "eagle"), eagle=str(toy_eagle_folder), prompts=prompts, params=params)
+    assert [(r["batch_size"], r["method"]) for r in rows] == [(1, "ngram"), (1, "eagle"), (2, "ngram"), (2, "eagle")]
+    for r in rows:
+        assert r["outputs_identical"] is True and r["baseline_steps"] >= 3 * 8 // r["batch_size"] - 1
+    assert all(0 < r["draft_cost_ratio"] < 1 for r in rows if r["method"] == "eagle")
+    with pytest.raises(Exception, match="unknown prompt set"):
+        spec.chat_prompts(tok, "about")
+
+
+@pytest.mark.parametrize("k, c, v", [(2, 0.0, 1.0), (4, 0.05, 1.1), (3, 0.2, 1.3)])
+def test_needed_alpha_reaches_the_goal_exactly(k, c, v):
+    from inferlab.spec.rejection import predicted_speedup
+
+    a = spec.needed_alpha(1.5, k, c, v)
+    assert a is not None and abs(predicted_speedup(a, k, c, v) - 1.5) < 1e-6
+    assert predicted_speedup(a - 0.01, k, c, v) < 1.5
+    assert spec.needed_alpha(k + 2.0, k, c, v) is None  # more than k + 1 tokens per step: never
+
+
+def test_goal_verdict_names_the_best_allowed_method():
+    rows = [{"batch_size": 1, "method": "ngram", "num_speculative_tokens": 2, "speedup": 3.0, "predicted_speedup": 3.2,
+             "alpha": 0.9, "draft_cost_ratio": 0.0, "verify_cost_ratio": 1.0},
+            {"batch_size": 1, "method": "eagle", "num_speculative_tokens": 4, "speedup": 1.2, "predicted_speedup": 1.5,
+             "alpha": 0.4, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05},
+            {"batch_size": 4, "method": "eagle", "num_speculative_tokens": 4, "speedup": 2.0, "predicted_speedup": 2.0,
+             "alpha": 0.7, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05}]
+    grounded = spec.goal_verdict(rows, "grounded")
+    assert grounded["method"] == "ngram" and grounded["met"]
+    free = spec.goal_verdict(rows, "free")  # n-gram does not count there, nor batch 4
+    assert free["method"] == "eagle" and not free["met"] and free["needed_alpha"] > free["alpha"]
+    assert abs(free["delivered_share_of_prediction"] - 0.8) < 1e-9

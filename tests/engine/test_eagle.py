@@ -1,0 +1,140 @@
+"""EAGLE as a proposer of the engine's step: greedy outputs equal plain decoding under every knob,
+the features it keeps are the target's own (a teacher-forced forward's), its first guess is the
+one the teacher-forced draft makes (what training fits), its q lives on the draft vocabulary, and
+a folder that does not fit fails in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferlab.attention import AttentionMetadata
+from inferlab.errors import InferlabError
+from inferlab.sampling import SamplingParams
+from inferlab.spec.eagle import last_layer_features, load_eagle
+
+from .conftest import make_engine, run_all, same_greedy
+from .test_spec_decode import PROMPTS, run
+
+
+def test_greedy_equals_plain_under_every_knob(target, eagle_config):
+    """Chunked prefill, prefix caching and preemption, as for the other proposers."""
+    model, tok = target
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    knobs = dict(block_size=8, num_kv_blocks=16, max_num_batched_tokens=24, max_num_seqs=6,
+                 enable_chunked_prefill=True, enable_prefix_caching=True)
+    want, _ = run(target, PROMPTS, params, **knobs)
+    got, spec = run(target, PROMPTS, params, speculative_config=eagle_config, **knobs)
+    for p, g, w in zip(PROMPTS, got, want):
+        assert same_greedy(model, tok.encode(p), g.token_ids, w.token_ids)
+    c = spec.counters
+    assert spec.num_preemptions > 0 and spec.block_manager.prefix_hits > 0
+    assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
+
+
+def _teacher_forced(model, ids):
+    with torch.inference_mode(), last_layer_features(model) as seen:
+        model(torch.tensor([ids]))
+    return seen[-1][0]
+
+
+def _steps(engine, n):
+    for _ in range(n):
+        engine.step()
+
+
+def test_kept_features_are_the_targets(target, eagle_config):
+    """At every step that mixes a prefill, decodes with kept and rejected guesses and a last
+    decode with no room for guesses (it goes first in the batch, ahead of a sequence scheduled
+    before it), every feature the proposer keeps for a sequence equals the target's last-layer
+    output at that position in one plain forward over its tokens."""
+    model, tok = target
+    engine = make_engine(target, max_num_seqs=4, speculative_config=eagle_config)
+    proposer, checked = engine.proposer, []
+    observe = proposer.observe
+
+    def checking_observe(out, ready, emitted, hidden, starts, running):
+        observe(out, ready, emitted, hidden, starts, running)
+        for seq in running:
+            first, feats = proposer.features[seq.seq_id]
+            want = _teacher_forced(model, seq.token_ids(0, seq.num_computed_tokens))
+            assert first + len(feats) == seq.num_computed_tokens  # every computed position, none beyond
+            torch.testing.assert_close(feats, want[first:], atol=2e-4, rtol=1e-4)
+        checked.append([q for _, _, q in proposer.layout])
+
+    proposer.observe = checking_observe
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine.add_request("a", PROMPTS[1], params)
+    engine.add_request("short", PROMPTS[2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    _steps(engine, 3)
+    engine.add_request("b", PROMPTS[0], params)  # its prefill runs beside a's decodes
+    _steps(engine, 4)
+    assert [4, 1] in checked  # the step whose batch order is not the scheduled order ran
+    assert engine.counters["spec_decode_num_drafts"] > 0
+
+
+def test_first_guess_is_the_teacher_forced_drafts_choice(target, eagle_config):
+    """The draft's inputs in the engine (token x_t with the target's f_{t-1}, over a paged cache
+    filled step by step) are the ones training uses: its first guess at every step equals the
+    argmax of the same draft run over the whole sequence at once, teacher-forced."""
+    model, tok = target
+    engine = make_engine(target, max_num_seqs=2, speculative_config=eagle_config)
+    proposer = engine.proposer
+    seen = []
+    fill = proposer.fill
+
+    def recording_fill(out, block_manager):
+        q = fill(out, block_manager)
+        for s in out.scheduled:
+            if s.spec_token_ids:
+                seen.append((s.seq.token_ids(0, s.seq.num_computed_tokens + s.num_committed), s.spec_token_ids[0]))
+        return q
+
+    proposer.fill = recording_fill
+    engine.add_request("a", PROMPTS[3], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    run_all(engine)
+    draft = load_eagle(eagle_config["model"], model.config)
+    assert len(seen) >= 5
+    for ids, guess in seen:
+        f = _teacher_forced(model, ids)
+        prev = torch.cat([torch.zeros_like(f[:1]), f[:-1]])[None]
+        with torch.inference_mode():
+            e = model.model.embed_tokens(torch.tensor([ids]))
+            logits = draft.logits(draft(e, prev, AttentionMetadata(positions=torch.arange(len(ids))[None])))[0, -1]
+        best = int(draft.d2t[logits.argmax()])
+        small = int((draft.d2t == guess).nonzero())
+        assert guess == best or abs(float(logits.max() - logits[small])) < 1e-4
+
+
+def test_q_lives_on_the_draft_vocabulary(target, eagle_config):
+    """Sampled requests get q rows that sum to one over the draft vocabulary and are zero off it,
+    and every guess is a token of it."""
+    engine = make_engine(target, max_num_seqs=2, speculative_config=eagle_config)
+    proposer, rows, guesses = engine.proposer, [], []
+    fill = proposer.fill
+
+    def recording_fill(out, block_manager):
+        q = fill(out, block_manager)
+        rows.extend(q.values())
+        guesses.extend(t for s in out.scheduled for t in s.spec_token_ids)
+        return q
+
+    proposer.fill = recording_fill
+    for i in range(2):
+        engine.add_request(str(i), PROMPTS[i], SamplingParams(temperature=1.0, max_tokens=16, seed=i, ignore_eos=True))
+    run_all(engine)
+    q = torch.cat(rows)
+    off = torch.ones(q.shape[1], dtype=torch.bool)
+    off[proposer.draft.d2t] = False
+    assert len(q) > 5 and torch.allclose(q.sum(-1), torch.ones(len(q)), atol=1e-5)
+    assert float(q[:, off].abs().max()) == 0.0
+    assert set(guesses) <= set(proposer.draft.d2t.tolist())
+
+
+def test_a_folder_that_does_not_fit_fails_in_one_line(target, eagle_config, tmp_path):
+    model, _ = target
+    with pytest.raises(InferlabError, match="inferlab train eagle"):
+        load_eagle(tmp_path / "missing", model.config)
+    import dataclasses
+    other = dataclasses.replace(model.config, hidden_size=model.config.hidden_size * 2)
+    with pytest.raises(InferlabError, match="train one for it"):
+        load_eagle(eagle_config["model"], other)
