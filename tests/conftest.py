@@ -52,17 +52,31 @@ def smollm2_transformers(smollm2_file):
 
 @pytest.fixture(scope="session")
 def toy_eagle_folder(tmp_path_factory):
-    """An EAGLE draft for the embedded target, untrained but started as ``inferlab train eagle``
-    starts one (the target's last layer and head), over a draft vocabulary of every other token:
-    its guesses are plausible, and half the vocabulary can never be guessed (q = 0 there)."""
+    """An EAGLE draft for the embedded target over a draft vocabulary of every other token (half
+    the vocabulary can never be guessed: q = 0 there), trained for a few seconds as
+    ``inferlab train eagle`` trains one, on teacher-forced windows of the corpus: its guesses
+    are often right and often wrong, so tests see kept guesses, rejections and residual draws."""
     import torch
 
+    from inferlab.corpus import load_corpus
     from inferlab.model.loader import load_checkpoint
     from inferlab.spec.eagle import save_eagle
-    from inferlab.spec.eagle_train import init_draft
+    from inferlab.spec.eagle_train import feature_stage, init_draft, train_stage
 
-    model, _ = load_checkpoint("target", device="cpu")
-    folder = tmp_path_factory.mktemp("eagle") / "target_eagle"
+    model, tok = load_checkpoint("target", device="cpu")
+    model.eval().requires_grad_(False)
     torch.manual_seed(0)
-    save_eagle(init_draft(model, torch.arange(0, model.config.vocab_size, 2)), folder, "target", dtype=torch.float32)
+    samples = []
+    for f in load_corpus("train", max_files=24):
+        ids = tok.encode(f.text)
+        samples += [{"prompt_ids": ids[s:s + 1], "answer_ids": ids[s + 1:s + 49]} for s in range(0, min(len(ids) - 49, 144), 48)]
+    run = tmp_path_factory.mktemp("eagle_run")
+    feats = feature_stage(model, run, samples, quiet=True)
+    d2t = torch.arange(0, model.config.vocab_size, 2)
+    t2d = torch.full((model.config.vocab_size,), -100)
+    t2d[d2t] = torch.arange(len(d2t))
+    draft = init_draft(model, d2t)
+    train_stage(draft, model, samples, feats, t2d, 60, 2e-3, 8, 0.5, run, 0, quiet=True)
+    folder = tmp_path_factory.mktemp("eagle") / "target_eagle"
+    save_eagle(draft, folder, "target", dtype=torch.float32)
     return folder

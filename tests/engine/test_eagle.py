@@ -64,7 +64,7 @@ def test_kept_features_are_the_targets(target, eagle_config):
     proposer.observe = checking_observe
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     engine.add_request("a", PROMPTS[1], params)
-    engine.add_request("short", PROMPTS[2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    engine.add_request("short", PROMPTS[2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     _steps(engine, 3)
     engine.add_request("b", PROMPTS[0], params)  # its prefill runs beside a's decodes
     _steps(engine, 4)
