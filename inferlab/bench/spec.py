@@ -199,7 +199,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     Without ``prompts``, batch size b runs the first b held-out code prompts at once. With
     ``prompts`` (token ids, e.g. ``chat_prompts``) and ``params``, every batch size runs all of
     them, at most b at a time (``max_num_seqs`` = b), and tokens/s counts the tokens emitted."""
-    from inferlab.spec.eagle import drafting_cost, load_eagle
+    from inferlab.spec.eagle import drafting_cost, load_eagle, quantize_like_target
 
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
     configs = {"ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4},
@@ -211,7 +211,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)
     dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods else None
     heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
-    edraft = load_eagle(eagle, model.config, model.device, model.dtype) if "eagle" in methods else None
+    edraft = quantize_like_target(load_eagle(eagle, model.config, model.device, model.dtype), model) \
+        if "eagle" in methods else None
     rows = []
     for b in batch_sizes:
         prompts = every if given else every[:b]

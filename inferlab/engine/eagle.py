@@ -30,7 +30,7 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput, batch_order, query_start_loc
 from inferlab.engine.proposer import Proposer
 from inferlab.sampling import probs_from_logits
-from inferlab.spec.eagle import last_layer_features, load_eagle
+from inferlab.spec.eagle import last_layer_features, load_eagle, quantize_like_target
 
 
 class EagleProposer(Proposer):
@@ -38,7 +38,8 @@ class EagleProposer(Proposer):
 
     def __init__(self, target, folder, num_blocks: int, block_size: int):
         self.target = target
-        self.draft = load_eagle(folder, target.config, target.device, target.dtype)
+        # linears in Q8_0 when the target's are quantized: the draft's bytes set c
+        self.draft = quantize_like_target(load_eagle(folder, target.config, target.device, target.dtype), target)
         self.kv_cache = PagedKVCache.for_model(self.draft.config, num_blocks, block_size, target.dtype, target.device)
         self.runner = ModelRunner(self.draft, self.kv_cache)  # its ragged layout (prepare) only
         self.num_computed: dict[int, int] = {}  # seq_id -> positions drafted from true features

@@ -39,7 +39,7 @@ from inferlab.attention import AttentionMetadata, PagedAttentionMetadata, attent
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
 from inferlab.model.config import ModelConfig
-from inferlab.model.linear import default_linear
+from inferlab.model.linear import default_linear, replace_linears
 from inferlab.model.llama import DecoderLayer, RMSNorm
 from inferlab.model.loader import ASSETS
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
@@ -62,7 +62,7 @@ class EagleDraft(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.d2t.device
 
     @property
     def draft_vocab_size(self) -> int:
@@ -86,6 +86,19 @@ class EagleDraft(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Guessed features [..., H] -> logits over the draft vocabulary [..., draft_vocab_size]."""
         return self.lm_head(self.norm(features)).float()
+
+
+def quantize_like_target(draft: EagleDraft, target) -> EagleDraft:
+    """A target run from quantized weights (smollm2 as stored: Q4_1 layers, a Q8_0 head) reads
+    about 97 MB a token, so an fp32 draft of 26 MB would cost c ~ 0.27; its linears in Q8_0
+    (``inferlab.quant.ggml``, the same decode loops) read a quarter of that. An fp32 target keeps
+    an fp32 draft. In place; returns ``draft``."""
+    from inferlab.quant.base import QuantLinear
+    from inferlab.quant.ggml import GGMLLinear
+
+    if any(isinstance(m, QuantLinear) for m in target.modules()):
+        replace_linears(draft, lambda name, lin: GGMLLinear.from_float(lin, "q8_0"), skip=lambda name: False)
+    return draft
 
 
 def last_layer_features(target):

@@ -138,3 +138,23 @@ def test_a_folder_that_does_not_fit_fails_in_one_line(target, eagle_config, tmp_
     other = dataclasses.replace(model.config, hidden_size=model.config.hidden_size * 2)
     with pytest.raises(InferlabError, match="train one for it"):
         load_eagle(eagle_config["model"], other)
+
+
+def test_a_quantized_target_gets_a_quantized_draft(target, eagle_config):
+    """Under a target run from Q8_0 weights the draft's linears are Q8_0 too (its bytes set c),
+    and greedy outputs still equal plain decoding on that target."""
+    import copy
+
+    from inferlab.quant import GGMLLinear, quantize_model
+
+    model, tok = target
+    q = copy.deepcopy(model)
+    quantize_model(q, "q8_0")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want, _ = run((q, tok), PROMPTS[:3], params)
+    got, spec = run((q, tok), PROMPTS[:3], params, speculative_config=eagle_config)
+    linears = [m for m in spec.proposer.draft.modules() if isinstance(m, (torch.nn.Linear, GGMLLinear))]
+    assert len(linears) == 9 and all(isinstance(m, GGMLLinear) for m in linears)
+    for p, g, w in zip(PROMPTS, got, want):
+        assert same_greedy(q, tok.encode(p), g.token_ids, w.token_ids)
+    assert spec.counters["spec_decode_num_accepted_tokens"] > 0
