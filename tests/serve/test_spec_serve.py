@@ -50,7 +50,7 @@ def test_medusa_server_answers_like_plain_decoding_and_counts(tmp_path):
 
 @pytest.mark.parametrize("config, words", [
     ("{method: medusa}", "--speculative-config is not valid JSON"),
-    ('{"method": "eagle", "num_speculative_tokens": 2}', "unknown speculative method"),
+    ('{"method": "lookahead", "num_speculative_tokens": 2}', "unknown speculative method"),
     ('{"method": "medusa", "num_speculative_tokens": 0}', "num_speculative_tokens must be"),
     ('{"method": "ngram", "num_speculative_tokens": 99}', "num_speculative_tokens must be"),
 ])

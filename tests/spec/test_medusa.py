@@ -185,7 +185,7 @@ def test_errors_are_one_line(target, tmp_path):
     model, tok = target
     cases = [({**MEDUSA, "num_speculative_tokens": 9}, "Medusa heads .* are 4: .* k <= 4"),
              ({**MEDUSA, "model": str(tmp_path / "none")}, "no Medusa heads .*inferlab train medusa"),
-             ({"method": "medusa", "num_speculative_tokens": 2}, "needs the heads' folder"),
+             ({"method": "medusa", "num_speculative_tokens": 2}, "medusa method needs its folder"),
              ({"method": "medusa", "num_speculative_tokens": 2, "prompt_lookup_max": 3}, "unknown speculative_config keys"),
              ({"method": "medusa", "num_speculative_tokens": 0}, "num_speculative_tokens must be")]
     for bad, words in cases:

@@ -1,0 +1,44 @@
+"""Speculative sampling stays exact on the real target: smollm2 in fp32, sampled through the engine
+with prompt lookup and with the shipped EAGLE draft, follows the target's own distribution over
+the first three tokens (a chi-square test against the joint enumerated from the target, as
+tests/engine/test_spec_distribution.py does on the toy; a reduced budget: 600 requests, decoded side by side)."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from inferlab.engine.config import EngineConfig
+from inferlab.engine.llm_engine import LLMEngine
+from inferlab.sampling import SamplingParams
+from inferlab.spec.eagle import eagle_folder_for
+
+from engine.test_spec_distribution import assert_chi_square, exact_joint
+
+PROMPT = "Count with me: one, two, three, four, five. One, two, three, four, five. One, two, three,"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True),
+                                    SamplingParams(temperature=0.7, top_p=0.9, top_k=4, max_tokens=3, ignore_eos=True)],
+                         ids=["t1", "t0.7-p0.9"])
+@pytest.mark.parametrize("method", ["ngram", "eagle"])
+def test_sampled_outputs_follow_the_real_target(smollm2_fp32, params, method):
+    model, tok = smollm2_fp32
+    spec = ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3} if method == "ngram" else
+            {"method": "eagle", "num_speculative_tokens": 2, "model": str(eagle_folder_for("smollm2"))})
+    prompt, n = tok.encode(PROMPT), 600
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=n, enable_prefix_caching=True, speculative_config=spec))
+    for i in range(n):
+        engine.add_request(str(i), prompt, SamplingParams(**{**params.__dict__, "seed": i}))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o
+    counts = collections.Counter(tuple(o.outputs[0].token_ids[:3]) for o in finals.values())
+    c = engine.counters
+    assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
+    exp = exact_joint(model, prompt, params)
+    assert set(counts) <= set(exp) and abs(sum(exp.values()) - 1) < 1e-4
+    assert_chi_square(counts, exp, n)
