@@ -7,6 +7,19 @@ import time
 import torch
 
 
+def best_time(fn, repeats: int, warmup: bool = False) -> float:
+    """The shortest of ``repeats`` timed calls of ``fn`` (after one untimed call with ``warmup``):
+    on a shared CPU the minimum is the run least disturbed by others."""
+    if warmup:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
     if not values:

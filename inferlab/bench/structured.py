@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from inferlab.bench.stats import best_time
 from inferlab.cli import HelpFormatter
 
 SCHEMA = {"type": "object",
@@ -49,15 +50,6 @@ def instruction(question: str) -> str:
     return ("Classify this customer message. Answer with only a JSON object with the keys \"intent\" (one of "
             "refund, order_status, cancel, address_change, complaint, other) and \"order_id\" (the order number "
             f"as a string, or null).\n\nMessage: {question}")
-
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def mask_costs(tokenizer, vocab_size: int, eos_ids, batch_sizes=(1, 16), repeats: int = 5) -> dict:
@@ -100,9 +92,9 @@ def mask_costs(tokenizer, vocab_size: int, eos_ids, batch_sizes=(1, 16), repeats
                 for m in ms:
                     assert m.consume_token(t), "the answer must follow the schema"
     for b in batch_sizes:
-        out["xgrammar"][b] = _best(lambda: xgr_walk(b), repeats) / (len(tokens) * b)  # per token: per step / b
+        out["xgrammar"][b] = best_time(lambda: xgr_walk(b), repeats) / (len(tokens) * b)  # per token: per step / b
         if llguidance is not None:
-            out["llguidance"][b] = _best(lambda: llg_walk(b), repeats) / (len(tokens) * b)
+            out["llguidance"][b] = best_time(lambda: llg_walk(b), repeats) / (len(tokens) * b)
     out["tokens_walked"] = len(tokens)
     return out
 

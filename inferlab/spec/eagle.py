@@ -121,18 +121,11 @@ def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1,
     """EAGLE's c: one drafting pass (``batch`` rows of the layer over a cached context, then the
     head) over one target decode step of ``batch`` sequences, both on the contiguous cache, the
     best of ``repeats`` each, timed in the same process."""
-    import time
-
+    from inferlab.bench.stats import best_time
     from inferlab.cache import ContiguousKVCache
 
     def best(fn):
-        fn()
-        b = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            b = min(b, time.perf_counter() - t)
-        return b
+        return best_time(fn, repeats, warmup=True)
 
     h, dev, dt = target.config.hidden_size, target.device, target.dtype
     full = torch.arange(context, device=dev)[None].expand(batch, context)

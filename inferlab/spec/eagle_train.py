@@ -290,11 +290,12 @@ a draft vocabulary of the {s['draft_vocab_size']:,} tokens the target's answers 
 ({e['draft_vocab_coverage']:.1%} of held-out answer tokens lie in it). The target's embedding is
 shared, not stored: {s['parameters']:,} parameters ship, {s['stored_mb']:.1f} MB in fp16.
 
-Trained by `inferlab train eagle --target {s['base_model']}` on the frozen target's own greedy
+Trained by `{s.get('command', 'inferlab train eagle')}` on the frozen target's own greedy
 answers to {s['train_prompts']:,} prompts built offline (standard-library code and docstrings,
 customer-service questions, everyday topics; none from the benchmark's held-out set):
 {s['train_tokens']:,} answer tokens, {s['steps']} steps of {s['batch_size']} answers, AdamW at {s['lr']},
-seed {s['seed']}. Time on this machine's CPU: answers {s['seconds']['answers']:.0f} s, features
+seed {s['seed']}. Time on this machine's CPU (2 threads), summed over the runs that made it (each
+stage resumes where a stopped run left off): answers {s['seconds']['answers']:.0f} s, features
 {s['seconds']['features']:.0f} s, training {s['seconds']['train']:.0f} s.
 
 Held out ({e['positions']:,} answer positions of {s['held_out_prompts']} prompts no step saw):
@@ -367,7 +368,7 @@ def main(argv: list[str]) -> int:
                "batch_size": args.batch_size, "lr": args.lr, "ce_weight": args.ce_weight, "seed": args.seed,
                "max_tokens": args.max_tokens, "seconds": {k: round(v, 1) for k, v in seconds.items()},
                "held_out": held_out, "draft_cost_ratio": round(drafting_cost(draft, target), 4),
-               "threads": torch.get_num_threads()}
+               "threads": torch.get_num_threads(), "command": " ".join(["inferlab train eagle", *argv])}
     print(json.dumps(summary))
     if not args.no_ship:
         out = Path(args.out) if args.out else eagle_folder_for(args.target)

@@ -45,10 +45,12 @@ def assert_within_target_top_k(target, prompts, outs, k: int) -> None:
         assert all(t in row for t, row in zip(out.token_ids, top.tolist()))
 
 
-@pytest.mark.parametrize("spec_config", [NGRAM, DRAFT], ids=["ngram", "draft"])
-def test_greedy_equals_plain_under_every_knob(target, spec_config):
+@pytest.mark.parametrize("spec_config", [NGRAM, DRAFT, "eagle"], ids=["ngram", "draft", "eagle"])
+def test_greedy_equals_plain_under_every_knob(target, spec_config, request):
     """Mixed prompt lengths, chunked prefill (a 24-token budget splits the long prompts), prefix
     caching (shared heads) and preemption (a pool too small for all six): same tokens as plain."""
+    if spec_config == "eagle":
+        spec_config = request.getfixturevalue("eagle_config")
     model, tok = target
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     knobs = dict(block_size=8, num_kv_blocks=16, max_num_batched_tokens=24, max_num_seqs=6,
