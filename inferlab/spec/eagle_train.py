@@ -91,17 +91,24 @@ def training_prompts(n: int, seed: int) -> list[str]:
         docs += _docstrings(f.text)
     cs = json.loads((Path(__file__).parents[1] / "strategy" / "customer_service.json").read_text())
     questions = [q for i in cs["intents"] for q in i["questions"]] + list(cs["out_of_scope"])
-    out = []
-    for i in range(n):
+    out, seen, i = [], set(), 0
+    limit = len(TOPIC_TASKS) * len(TOPICS) + len(questions)  # the kinds that can repeat
+    while len(out) < n:  # no prompt twice: a repeat in the held-out 5% would score memorised answers
         r = i % 10
+        i += 1
         if r < 4:
-            out.append(rng.choice(CODE_TASKS).format(x=rng.choice(funcs)))
+            text = rng.choice(CODE_TASKS).format(x=rng.choice(funcs))
         elif r < 6:
-            out.append(rng.choice(DOC_TASKS).format(x=rng.choice(docs)))
-        elif r < 8:
-            out.append(rng.choice(TOPIC_TASKS).format(x=rng.choice(TOPICS)))
+            text = rng.choice(DOC_TASKS).format(x=rng.choice(docs))
+        elif r < 8 and len(seen) < limit:
+            text = rng.choice(TOPIC_TASKS).format(x=rng.choice(TOPICS))
         else:
-            out.append(rng.choice(questions))
+            text = rng.choice(questions)
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+        if i > 50 * n:
+            raise InferlabError(f"cannot build {n} distinct prompts from the corpus: ask for fewer")
     return out
 
 
