@@ -53,7 +53,8 @@ class ModelRunner:
         All the int vectors travel to the device as one tensor (one copy, then views): on a
         small model a step is short enough for eight separate host-to-device tensors to show.
         """
-        order = batch_order([len(s.token_ids) for s in seqs], [s.num_computed for s in seqs])
+        ranks = [_rank(len(s.token_ids), s.num_computed) for s in seqs]
+        order = _order_of(ranks)
         bs = self.block_size
         ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
         for i in order:
@@ -94,7 +95,7 @@ class ModelRunner:
             positions=parts[1][None], kv_cache=self.kv_cache, slot_mapping=parts[2],
             block_tables=parts[5].view(b, width), context_lens=parts[3], query_lens=q_lens,
             context_lens_host=ctx_lens, num_decodes=sum(1 for q in q_lens if q == 1),
-            num_multi_query=sum(1 for s in seqs if _rank(len(s.token_ids), s.num_computed) == 1))
+            num_multi_query=ranks.count(1))
         return parts[0][None], meta, parts[4], order
 
     @torch.inference_mode()
@@ -159,7 +160,10 @@ def batch_order(query_lens: list[int], num_computed: list[int]) -> list[int]:
     """The caller's index of each batch position: decodes first, then the short multi-query
     ones (speculative verifies), then the rest, stable (``prepare`` lays a forward out this way;
     a hook reading every row of it, like EAGLE's, maps rows back with it)."""
-    ranks = [_rank(q, c) for q, c in zip(query_lens, num_computed)]
+    return _order_of([_rank(q, c) for q, c in zip(query_lens, num_computed)])
+
+
+def _order_of(ranks: list[int]) -> list[int]:
     return sorted(range(len(ranks)), key=lambda i: ranks[i])
 
 

@@ -43,6 +43,7 @@ from inferlab.model.linear import default_linear, replace_linears
 from inferlab.model.llama import DecoderLayer, RMSNorm
 from inferlab.model.loader import ASSETS
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
+from inferlab.spec.medusa import capture_output
 
 
 class EagleDraft(nn.Module):
@@ -102,19 +103,9 @@ def quantize_like_target(draft: EagleDraft, target) -> EagleDraft:
 
 
 def last_layer_features(target):
-    """A forward hook collecting the output of the target's last decoder layer (the features f_t of
-    every row of the forward, before the final norm): use as ``with last_layer_features(m) as seen``."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def capture():
-        seen: list[torch.Tensor] = []
-        handle = target.model.layers[-1].register_forward_hook(lambda module, args, out: seen.append(out))
-        try:
-            yield seen
-        finally:
-            handle.remove()
-    return capture()
+    """Collect the output of the target's last decoder layer (the features f_t of every row of the
+    forward, before the final norm): ``with last_layer_features(m) as seen``."""
+    return capture_output(target.model.layers[-1])
 
 
 def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:

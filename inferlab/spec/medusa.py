@@ -111,15 +111,20 @@ def load_heads(folder: str | os.PathLike, hidden_size: int, device=None, dtype=t
 
 
 @contextlib.contextmanager
-def capture_hidden(model):
-    """Collect the target's final-norm hidden states during its forwards: the norm runs only on the
-    rows whose logits are computed (``logits_indices``), so these are exactly those rows' h."""
+def capture_output(module):
+    """Collect ``module``'s outputs during the forwards run inside the block (a forward hook)."""
     seen: list[torch.Tensor] = []
-    handle = model.model.norm.register_forward_hook(lambda module, args, out: seen.append(out))
+    handle = module.register_forward_hook(lambda module, args, out: seen.append(out))
     try:
         yield seen
     finally:
         handle.remove()
+
+
+def capture_hidden(model):
+    """Collect the target's final-norm hidden states during its forwards: the norm runs only on the
+    rows whose logits are computed (``logits_indices``), so these are exactly those rows' h."""
+    return capture_output(model.model.norm)
 
 
 class MedusaGuesser:
