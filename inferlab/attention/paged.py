@@ -45,7 +45,7 @@ class PagedAttentionMetadata:
     decode_slots: torch.Tensor | None = None  # [num_decodes, S] cache slot of every context token
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, S] additive bias (0 / -inf), or None
     prefill_masks: list = dataclasses.field(default_factory=list)  # one per long prefill/chunk
-    multi_query: dict | None = None  # slots [M, S], rows [M, Qmax], valid [M, Qmax], bias [M, 1, 1, Qmax, S]
+    multi_query: dict | None = None  # slots [M, S], rows [M, Qmax], keep [T], bias [M, 1, 1, Qmax, S]
     sliding_window: int | None = None  # the model's (Mistral), set by build_masks
 
     def build_masks(self, sliding_window: int | None = None) -> None:
@@ -87,7 +87,8 @@ class PagedAttentionMetadata:
     def _multi_query_layout(self, sliding_window: int | None) -> dict:
         """The M short multi-query sequences as one padded batch: each reads its S = longest
         context slots through its block table, its queries are gathered to [M, Qmax] (padding
-        repeats its last query, dropped afterwards), and query i of a sequence of q queries over
+        repeats its last query; ``keep`` lists the flat M x Qmax positions of the real ones, an
+        index rather than a boolean mask, so a compiled step knows the output's size), and query i of a sequence of q queries over
         c tokens sits at position c - q + i: it sees the slots up to there (bottom-right causal)."""
         d, m, device = self.num_decodes, self.num_multi_query, self.context_lens.device
         q_lens, ctx = self.query_lens[d:d + m], self.context_lens_host[d:d + m]
@@ -95,10 +96,10 @@ class PagedAttentionMetadata:
         nb = -(-s // bs)
         offsets = torch.arange(bs, device=device)
         slots = (self.block_tables[d:d + m, :nb, None] * bs + offsets).view(m, nb * bs)[:, :s].contiguous()
-        starts, rows, valid, pos = 0, [], [], []
-        for q, c in zip(q_lens, ctx):
+        starts, rows, keep, pos = 0, [], [], []
+        for j, (q, c) in enumerate(zip(q_lens, ctx)):
             rows.append([starts + min(i, q - 1) for i in range(qmax)])
-            valid.append([i < q for i in range(qmax)])
+            keep += range(j * qmax, j * qmax + q)
             pos.append([c - q + min(i, q - 1) for i in range(qmax)])
             starts += q
         pos = torch.tensor(pos, device=device)[..., None]  # [M, Qmax, 1]
@@ -108,7 +109,7 @@ class PagedAttentionMetadata:
             visible &= key > pos - sliding_window
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill_(~visible, float("-inf"))
         return {"slots": slots, "rows": torch.tensor(rows, device=device),
-                "valid": torch.tensor(valid, device=device), "bias": bias[:, None, None]}
+                "keep": torch.tensor(keep, device=device), "bias": bias[:, None, None]}
 
 
 def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
@@ -136,15 +137,15 @@ def paged_multi_query(q, k_slots, v_slots, layout: dict) -> torch.Tensor:
     The same grouped matmuls as :func:`paged_decode`, with a query axis and a causal bias."""
     hq, _, d = q.shape
     hkv = k_slots.shape[1]
-    slots, rows, valid, bias = layout["slots"], layout["rows"], layout["valid"], layout["bias"]
+    slots, rows, keep, bias = layout["slots"], layout["rows"], layout["keep"], layout["bias"]
     m, qmax = rows.shape
     flat = slots.view(-1)
     k = k_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]  # [M, Hkv, 1, S, D]
     v = v_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]
     qg = q[:, rows].view(hkv, hq // hkv, m, qmax, d).permute(2, 0, 1, 3, 4)  # [M, Hkv, G, Qmax, D]
     scores = (qg @ k.transpose(-1, -2)) * d**-0.5 + bias  # [M, Hkv, G, Qmax, S]
-    out = (scores.softmax(-1) @ v).permute(1, 2, 0, 3, 4).reshape(hq, m, qmax, d)
-    return out[:, valid]
+    out = (scores.softmax(-1) @ v).permute(1, 2, 0, 3, 4).reshape(hq, m * qmax, d)
+    return out.index_select(1, keep)
 
 
 def torch_decode(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tensor:

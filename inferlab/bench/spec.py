@@ -19,6 +19,14 @@ and the formula's prediction with a, c and v measured at that batch size (c and 
 decode step of the whole batch);
 as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
 it, so speculation pays less (vLLM's blog reports slowdowns at high load).
+
+At batch 1 each row also carries ``engine``: the formula's terms as the engine's own steps measured
+them (``inferlab.bench.step_profile``): v as a verify forward over a plain one on the paged path,
+the proposer's work per step, and the share of steps that had guesses at all (prompt lookup finds
+none on some steps; Leviathan's formula assumes k every step). With these the prediction and
+the measured decode speedup agree to a few percent, and the step's breakdown shows what is left:
+the forward, not the bookkeeping around it. The engine here is the one ``LLM`` runs (projections
+packed, steps eager).
 """
 from __future__ import annotations
 
@@ -175,17 +183,22 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
             "methods": rows, **({"medusa_skipped": no_heads} if heads is None else {})}
 
 
-def _engine_run(model, tok, prompts, params, spec: dict | None, max_num_seqs: int | None = None) -> tuple[float, list, dict]:
+def _engine_run(model, tok, prompts, params, spec: dict | None, max_num_seqs: int | None = None) -> tuple:
+    """One timed run through a fresh engine: (seconds, outputs, counters, step profile)."""
+    from inferlab.bench.step_profile import profile_steps
+
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=max_num_seqs or max(len(prompts), 1), speculative_config=spec))
-    t = time.perf_counter()
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    finals = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                finals[o.request_id] = o.outputs[0].token_ids
-    return time.perf_counter() - t, [finals[str(i)] for i in range(len(prompts))], engine.counters
+    with profile_steps(engine) as prof:
+        t = time.perf_counter()
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params)
+        finals = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    finals[o.request_id] = o.outputs[0].token_ids
+        seconds = time.perf_counter() - t
+    return seconds, [finals[str(i)] for i in range(len(prompts))], engine.counters, prof
 
 
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
@@ -199,8 +212,11 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     Without ``prompts``, batch size b runs the first b held-out code prompts at once. With
     ``prompts`` (token ids, e.g. ``chat_prompts``) and ``params``, every batch size runs all of
     them, at most b at a time (``max_num_seqs`` = b), and tokens/s counts the tokens emitted."""
+    from inferlab.bench.step_profile import engine_terms
+    from inferlab.model.packing import pack_projections
     from inferlab.spec.eagle import drafting_cost, load_eagle, quantize_like_target
 
+    pack_projections(model)  # the engine LLM runs: q/k/v and gate/up as one product each
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
     configs = {"ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4},
                "draft": lambda k: {"model": draft, "num_speculative_tokens": k},
@@ -218,15 +234,16 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         prompts = every if given else every[:b]
         seqs = b if given else None
         _engine_run(model, tok, prompts[:b], params, None, seqs)  # warm-up
-        plain_s, plain_out, plain_c = float("inf"), None, None
+        plain_s, plain_out, plain_c, plain_prof = float("inf"), None, None, None
         best = {}
         for _ in range(repeats):
-            dt, plain_out, plain_c = _engine_run(model, tok, prompts, params, None, seqs)
-            plain_s = min(plain_s, dt)
+            dt, out, c, prof = _engine_run(model, tok, prompts, params, None, seqs)
+            if dt < plain_s:
+                plain_s, plain_out, plain_c, plain_prof = dt, out, c, prof
             for method, k in runs:
-                dt, outs, c = _engine_run(model, tok, prompts, params, configs[method](k), seqs)
+                dt, outs, c, prof = _engine_run(model, tok, prompts, params, configs[method](k), seqs)
                 if dt < best.get((method, k), (float("inf"),))[0]:
-                    best[(method, k)] = (dt, outs, c)
+                    best[(method, k)] = (dt, outs, c, prof)
         emitted = sum(len(o) for o in plain_out)
         width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
@@ -234,7 +251,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         draft_c = _forward_cost(dmodel, 1, prompt_tokens, batch=width) / one if dmodel is not None else 0.0
         eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width) if edraft is not None else 0.0
         for method, k in runs:
-            dt, outs, c = best[(method, k)]
+            dt, outs, c, prof = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
                                           c["spec_decode_num_accepted_tokens"])
             length = 1 + accepted / max(drafts, 1)
@@ -250,7 +267,9 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
                          "predicted_speedup": predicted_speedup(alpha, k, cost, v),
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
-                         "outputs_identical": outs == plain_out})
+                         "outputs_identical": outs == plain_out,
+                         # at batch 1, the formula's terms as the engine's own steps measured them
+                         **({"engine": engine_terms(plain_prof, prof, plain_c, c)} if width == 1 else {})})
     return rows
 
 
@@ -384,6 +403,23 @@ def main(argv: list[str]) -> int:
                   f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} "
                   f"{r['mean_acceptance_length']:5.2f} {r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} "
                   f"{r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
+    steps = [r for r in res["engine"] if "engine" in r]
+    if steps:
+        print("\nthe step at batch 1, as the engine ran it (ms per decode step; the formula's terms from these "
+              "steps: v = verify forward / plain forward, kc = the proposer's work, f = share of steps with guesses)")
+        print(f"{'set':8} {'method':8} {'k':>2} {'forward':>8} {'propose':>8} {'rest':>6} {'v':>5} {'kc':>5} {'f':>5} "
+              f"{'len':>5} {'predicted':>9} {'measured':>8}")
+        for r in steps:
+            e = r["engine"]
+            for label, per in (("plain", e["plain_step_s"]), (r["method"], e["spec_step_s"])):
+                drafting = per["propose"] + per["fill"] + per["observe"]
+                rest = sum(per.values()) - per["forward"] - drafting
+                terms = (f"{e['verify_cost_ratio']:5.2f} {e['draft_cost_per_step']:5.2f} "
+                         f"{e['share_of_steps_with_guesses']:5.2f} {e['mean_acceptance_length']:5.2f} "
+                         f"{e['predicted_decode_speedup']:8.2f}x {e['measured_decode_speedup']:7.2f}x"
+                         if label != "plain" else "")
+                print(f"{r['prompt_set']:8} {label:8} {r['num_speculative_tokens'] if label != 'plain' else '':>2} "
+                      f"{per['forward'] * 1e3:8.1f} {drafting * 1e3:8.2f} {rest * 1e3:6.2f} {terms}")
     for g in res["goals"]:
         line = (f"goal on {g['prompt_set']}: {g['goal']}x at batch 1 -> {g['method']} k={g['num_speculative_tokens']} "
                 f"{g['speedup']:.2f}x: {'met' if g['met'] else 'MISSED'}")

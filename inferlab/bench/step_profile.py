@@ -1,0 +1,134 @@
+"""Where an engine step's time goes: the forward against everything around it.
+
+Leviathan's formula prices a speculative step in target forwards: k draft passes of cost c and
+one verify of k + 1 rows of cost v. The step of a real engine also proposes, schedules, lays out
+the ragged batch, verifies and appends token by token in Python, and the formula sees none of
+that. :func:`profile_steps` times each part of ``LLMEngine.step`` by wrapping the objects the
+step calls (nothing in the engine changes), and :func:`engine_terms` turns two profiles, one
+run without speculation and one with it, into the formula's terms measured on the engine's own
+paged path, so a gap between the measured and predicted speedup is the overhead the breakdown
+names.
+
+Phases of a step (seconds summed over the decode steps, prefill steps left out):
+
+    propose    the proposer's guesses (before scheduling)   fill      draft passes after it
+    schedule   the scheduler                                  forward   the runner: layout + model
+    verify     acceptance from the logits                     update    roll back, name blocks
+    observe    what the proposer learns from the kept rows    python    the rest: outputs, appends
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+import inferlab.engine.llm_engine as _llm_engine
+
+PHASES = ("propose", "fill", "schedule", "forward", "verify", "update", "observe", "python")
+
+
+class StepProfile:
+    """Seconds per phase, summed separately over decode steps without guesses ("plain") and
+    decode steps with them ("spec"), with the step counts; prefill steps are counted apart."""
+
+    def __init__(self):
+        self.seconds = {kind: defaultdict(float) for kind in ("plain", "spec", "prefill")}
+        self.steps = defaultdict(int)
+        self._now: dict[str, float] = {}
+        self._kind = "plain"
+
+    def per_step(self, kind: str) -> dict[str, float]:
+        """Mean seconds per step of each phase, over the steps of ``kind``."""
+        n = max(self.steps[kind], 1)
+        return {p: self.seconds[kind][p] / n for p in PHASES}
+
+    def decode_seconds(self) -> float:
+        return sum(sum(self.seconds[k].values()) for k in ("plain", "spec"))
+
+
+def _step_kind(seqs, num_logits) -> str:
+    if any(len(s.token_ids) > (n if num_logits else 1) for s, n in zip(seqs, num_logits or [1] * len(seqs))):
+        return "prefill"
+    return "spec" if num_logits and any(n > 1 for n in num_logits) else "plain"
+
+
+@contextlib.contextmanager
+def profile_steps(engine):
+    """Time every phase of ``engine.step()`` while the block runs; yields a :class:`StepProfile`."""
+    prof = StepProfile()
+    undo = []
+
+    def wrap(owner, name, phase, classify=False):
+        if owner is None:
+            return
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if classify:
+                prof._kind = _step_kind(args[0], kwargs.get("num_logits"))
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                prof._now[phase] = prof._now.get(phase, 0.0) + time.perf_counter() - t
+
+        undo.append((owner, name, name in vars(owner), inner))
+        setattr(owner, name, timed)
+
+    for owner, name, phase in ((engine.proposer, "propose", "propose"), (engine.proposer, "fill", "fill"),
+                               (engine.proposer, "observe", "observe"), (engine.scheduler, "schedule", "schedule"),
+                               (engine.scheduler, "update_from_output", "update"), (_llm_engine, "verify", "verify")):
+        wrap(owner, name, phase)
+    wrap(engine.runner, "execute", "forward", classify=True)
+    step = engine.step
+
+    def timed_step():
+        prof._now, prof._kind = {}, "plain"
+        t = time.perf_counter()
+        out = step()
+        total = time.perf_counter() - t
+        if "forward" in prof._now:  # a step that ran the model
+            kind = prof._kind
+            prof.steps[kind] += 1
+            for phase, s in prof._now.items():
+                prof.seconds[kind][phase] += s
+            prof.seconds[kind]["python"] += total - sum(prof._now.values())
+        return out
+
+    engine.step = timed_step
+    try:
+        yield prof
+    finally:
+        del engine.step
+        for owner, name, had, inner in reversed(undo):
+            if had:  # a module's function: put it back
+                setattr(owner, name, inner)
+            else:  # a bound method shadowed on the instance: the class's shows again
+                delattr(owner, name)
+
+
+def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, spec_counters: dict) -> dict:
+    """Leviathan's terms measured on the engine itself at batch 1, from a run without
+    speculation (``plain``) and one with it (``spec``; each with its engine's ``counters``):
+    the decode forward t1 (seconds), v (a verify forward over t1), k c (the proposer's own work
+    per step with guesses, over t1), the share f of decode steps that had guesses, L (tokens per
+    such step) and the speedup the formula predicts for that mix of steps,
+
+        (f L + (1 - f)) / (f (k c + v) + (1 - f)),
+
+    beside the decode speedup measured (tokens per decode second, against the plain run's);
+    ``plain_step_s`` and ``spec_step_s`` hold every phase per step, where the rest of a gap goes."""
+    t1 = plain.per_step("plain")["forward"]
+    with_guesses, without = spec.steps["spec"], spec.steps["plain"]
+    length = 1 + spec_counters["spec_decode_num_accepted_tokens"] / max(spec_counters["spec_decode_num_drafts"], 1)
+    f = with_guesses / max(with_guesses + without, 1)
+    per = spec.per_step("spec")
+    v = per["forward"] / t1 if with_guesses else 1.0
+    kc = (per["propose"] + per["fill"] + per["observe"]) / t1 if with_guesses else 0.0
+    rate = lambda prof, c: c["decode_tokens"] / max(prof.decode_seconds(), 1e-12)  # noqa: E731
+    return {"decode_forward_s": t1, "verify_cost_ratio": v, "draft_cost_per_step": kc,
+            "share_of_steps_with_guesses": f, "mean_acceptance_length": length,
+            "predicted_decode_speedup": (f * length + 1 - f) / (f * (kc + v) + 1 - f),
+            "measured_decode_speedup": rate(spec, spec_counters) / rate(plain, plain_counters),
+            "plain_step_s": plain.per_step("plain"), "spec_step_s": per,
+            "spec_plain_step_s": spec.per_step("plain")}
