@@ -134,17 +134,26 @@ def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
 def paged_multi_query(q, k_slots, v_slots, layout: dict) -> torch.Tensor:
     """A few queries per sequence, every sequence at once: q [Hq, T, D], the T new tokens of the
     M sequences one after the other; ``layout`` from ``PagedAttentionMetadata``. Returns [Hq, T, D].
-    The same grouped matmuls as :func:`paged_decode`, with a query axis and a causal bias."""
+    The grouped matmuls of :func:`paged_decode` with the G query heads of a K/V head and the
+    Qmax queries of a sequence on one axis (G x Qmax rows against one K/V head: a 4-D batched
+    product, no broadcast over a fifth axis), and a causal bias."""
     hq, _, d = q.shape
     hkv = k_slots.shape[1]
-    slots, rows, keep, bias = layout["slots"], layout["rows"], layout["keep"], layout["bias"]
+    slots, rows, keep = layout["slots"], layout["rows"], layout["keep"]
     m, qmax = rows.shape
+    g = hq // hkv
+    bias = layout.get(("bias", hkv, g))
+    if bias is None:  # [M * Hkv, G * Qmax, S]: built by the first layer, shared by the rest
+        bias = layout["bias"].expand(m, hkv, g, qmax, -1).reshape(m * hkv, g * qmax, -1)
+        layout[("bias", hkv, g)] = bias
     flat = slots.view(-1)
-    k = k_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]  # [M, Hkv, 1, S, D]
-    v = v_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)[:, :, None]
-    qg = q[:, rows].view(hkv, hq // hkv, m, qmax, d).permute(2, 0, 1, 3, 4)  # [M, Hkv, G, Qmax, D]
-    scores = (qg @ k.transpose(-1, -2)) * d**-0.5 + bias  # [M, Hkv, G, Qmax, S]
-    out = (scores.softmax(-1) @ v).permute(1, 2, 0, 3, 4).reshape(hq, m * qmax, d)
+    k = k_slots.index_select(0, flat).view(m, -1, hkv, d).permute(0, 2, 3, 1)  # [M, Hkv, D, S]
+    v = v_slots.index_select(0, flat).view(m, -1, hkv, d).transpose(1, 2)  # [M, Hkv, S, D]
+    qg = (q * d**-0.5).index_select(1, rows.view(-1)).view(hkv, g, m, qmax, d)
+    qg = qg.permute(2, 0, 1, 3, 4).reshape(m, hkv, g * qmax, d)  # [M, Hkv, G*Qmax, D]
+    scores = torch.baddbmm(bias, qg.reshape(m * hkv, g * qmax, d), k.reshape(m * hkv, d, -1))
+    out = torch.bmm(scores.softmax(-1), v.reshape(m * hkv, -1, d))  # [M*Hkv, G*Qmax, D]
+    out = out.view(m, hkv, g, qmax, d).permute(1, 2, 0, 3, 4).reshape(hq, m * qmax, d)
     return out.index_select(1, keep)
 
 
