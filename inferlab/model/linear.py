@@ -24,13 +24,18 @@ class Linear(nn.Linear):
     a prompt's many rows, a GPU and training run ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _f32().linear(x, self.weight, self.bias)
+        y = (_f32_linear or _load_f32_linear())(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias) if y is None else y
 
 
-def _f32():
+_f32_linear = None
+
+
+def _load_f32_linear():
+    global _f32_linear
     from inferlab.quant import f32  # not at import time: inferlab.quant imports this module
-    return f32
+    _f32_linear = f32.linear
+    return _f32_linear
 
 
 def default_linear(in_features: int, out_features: int, bias: bool, name: str) -> nn.Module:

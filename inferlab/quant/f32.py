@@ -50,7 +50,11 @@ def _loop(capability: str) -> Loop | None:
         isa = "avx2"  # the process asked torch for AVX2 kernels: run as an AVX2 CPU would
     if isa is None:
         return None
-    return Loop(isa, {"avx512": 16, "avx2": 8, "neon": 4}[isa], getattr(lib, f"inferlab_f32_gemv_{isa}"))
+    function = getattr(lib, f"inferlab_f32_gemv_{isa}")
+    # declared once, so a call passes plain ints (a decode step makes ~120 of these calls)
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                         ctypes.c_void_p, ctypes.c_int]
+    return Loop(isa, {"avx512": 16, "avx2": 8, "neon": 4}[isa], function)
 
 
 def loop() -> Loop | None:
@@ -63,12 +67,16 @@ def loop() -> Loop | None:
 _loop_now = torch._dynamo.assume_constant_result(loop)
 
 
+def _gemv(found: Loop, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    y = torch.empty(x.shape[0], weight.shape[0])
+    found.function(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], y.data_ptr(),
+                   torch.get_num_threads())
+    return y
+
+
 def f32_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T, both contiguous float32 on the CPU, through the loop."""
-    y = torch.empty(x.shape[0], weight.shape[0])
-    _loop_now().function(ctypes.c_void_p(x.data_ptr()), x.shape[0], x.shape[1], ctypes.c_void_p(weight.data_ptr()),
-                         weight.shape[0], ctypes.c_void_p(y.data_ptr()), torch.get_num_threads())
-    return y
+    return _gemv(_loop_now(), x, weight)
 
 
 _OP = torch.library.custom_op("inferlab::f32_gemv", f32_gemv, mutates_args=())
@@ -79,8 +87,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)`` through the loop, or None where the loop does not take it."""
     K = x.shape[-1]
     rows = fused.activation_rows(x)
-    if not (0 < rows <= MAX_LOOP_ROWS and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and x.device.type == "cpu" and weight.device.type == "cpu" and weight.shape[0] % 4 == 0
+    if not (0 < rows <= MAX_LOOP_ROWS and x.dtype is torch.float32 and weight.dtype is torch.float32
+            and x.is_cpu and weight.is_cpu and weight.shape[0] % 4 == 0
             and weight.is_contiguous() and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return None
     found = _loop_now()
@@ -89,7 +97,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2 = x.reshape(rows, K)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    y = _OP(x2, weight) if torch.compiler.is_compiling() else f32_gemv(x2, weight)
+    y = _OP(x2, weight) if torch.compiler.is_compiling() else _gemv(found, x2, weight)
     if bias is not None:
         y = y + bias
     return y.view(*x.shape[:-1], weight.shape[0])
