@@ -41,9 +41,8 @@ from inferlab.folders import atomic_folder
 from inferlab.model.config import ModelConfig
 from inferlab.model.linear import default_linear, replace_linears
 from inferlab.model.llama import DecoderLayer, RMSNorm
-from inferlab.model.loader import ASSETS
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
-from inferlab.spec.medusa import capture_output
+from inferlab.spec.medusa import beside_target, capture_output
 
 
 class EagleDraft(nn.Module):
@@ -139,13 +138,8 @@ def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1,
 # ---------------------------------------------------------------- the folder that ships it
 
 def eagle_folder_for(target: str | os.PathLike) -> Path:
-    """Where the EAGLE draft of ``target`` lives: ``inferlab/assets/models/<name>_eagle`` for an
-    embedded or real model's name (``smollm2_eagle``), else ``<target folder>_eagle`` beside it."""
-    text = str(target)
-    if "/" not in text and os.sep not in text and not Path(text).is_dir():
-        return ASSETS / f"{text}_eagle"
-    folder = Path(text)
-    return folder.parent / f"{folder.name}_eagle"
+    """Where the EAGLE draft of ``target`` lives (``beside_target``: ``smollm2_eagle``)."""
+    return beside_target(target, "eagle")
 
 
 def save_eagle(draft: EagleDraft, folder: str | os.PathLike, base_model: str, extra_files: dict | None = None,

@@ -114,6 +114,15 @@ def training_prompts(n: int, seed: int) -> list[str]:
 
 # ---------------------------------------------------------------- stage 1: the target's answers
 
+def read_answers(run_dir: Path) -> list[dict]:
+    """The answers written so far: {"prompt", "prompt_ids", "answer_ids"} per line of answers.jsonl."""
+    path = Path(run_dir) / "answers.jsonl"
+    if not path.exists():
+        raise InferlabError(f"no answers in {run_dir}: run `inferlab train eagle --run-dir {run_dir}` first "
+                            "(its first stage writes the target's answers)")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def answer_stage(llm, run_dir: Path, prompts: list[str], max_tokens: int, chunk: int = 64, quiet: bool = False) -> list[dict]:
     """The target's greedy answer to every prompt, appended to answers.jsonl chunk by chunk (a
     rerun goes on from the last chunk written)."""
@@ -121,7 +130,7 @@ def answer_stage(llm, run_dir: Path, prompts: list[str], max_tokens: int, chunk:
     from inferlab.sampling import SamplingParams
 
     path = run_dir / "answers.jsonl"
-    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    done = read_answers(run_dir) if path.exists() else []
     chat = Chat(llm.tokenizer)
     params = chat.sampling_params(SamplingParams(temperature=0, max_tokens=max_tokens))
     bar = tqdm(total=len(prompts), initial=len(done), desc="target answers", unit="prompt", disable=quiet)

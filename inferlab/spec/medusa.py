@@ -57,6 +57,11 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
         self.hidden_size, self.num_heads = hidden_size, num_heads
         self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
+        # optional: the token ids a guess may take (FR-Spec's idea, as EAGLE's draft vocabulary): with a
+        # 49,152-token head, each head's full logits read 113 MB; the rows of the few thousand tokens an
+        # answer mostly uses read a tenth of that. Guesses are checked by argmax match, so outputs stay exact.
+        self.register_buffer("guess_vocab", None)
+        self._rows = None  # (lm_head weight's data_ptr, its rows of guess_vocab)
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module, num_heads: int | None = None) -> torch.Tensor:
         """hidden [..., H] -> logits [n, ..., V] of heads 1..n (n = ``num_heads`` or all)."""
@@ -65,18 +70,36 @@ class MedusaHeads(nn.Module):
 
     @torch.inference_mode()
     def propose(self, hidden: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
-        """[B, H] hidden states -> [B, k] guesses: each head's argmax (Medusa's greedy chain)."""
-        return self(hidden, lm_head, k).argmax(-1).T
+        """[B, H] hidden states -> [B, k] guesses: each head's argmax (Medusa's greedy chain), over
+        ``guess_vocab`` where the heads have one."""
+        if self.guess_vocab is None:
+            return self(hidden, lm_head, k).argmax(-1).T
+        weight = lm_head.weight if isinstance(getattr(lm_head, "weight", None), torch.Tensor) else None
+        key = weight.data_ptr() if weight is not None else id(lm_head)
+        if self._rows is None or self._rows[0] != key:  # gathered once per head weight
+            full = weight if weight is not None else lm_head.dequantize()  # a quantized head (a GGUF's Q8_0)
+            self._rows = (key, full[self.guess_vocab].to(hidden.dtype).contiguous())
+        rows = self._rows[1]
+        best = torch.stack([(block(hidden) @ rows.T).argmax(-1) for block in self.blocks[:k]], dim=-1)
+        return self.guess_vocab[best]
 
 
 # ---------------------------------------------------------------- the folder beside the target
 
-def heads_folder_for(target: str | os.PathLike) -> Path:
-    """Where the heads of ``target`` live: ``<target folder>_medusa`` beside it
-    (``inferlab/assets/models/target_medusa`` for the embedded target)."""
+def beside_target(target: str | os.PathLike, suffix: str) -> Path:
+    """Where a proposer trained on ``target`` lives: ``inferlab/assets/models/<name>_<suffix>`` for
+    an embedded or real model's name (``target_medusa``, ``smollm2_eagle``), else
+    ``<target folder>_<suffix>`` beside the folder."""
     text = str(target)
-    folder = ASSETS / text if (ASSETS / text).is_dir() else Path(text)
-    return folder.parent / f"{folder.name}_medusa"
+    if "/" not in text and os.sep not in text and not Path(text).is_dir():
+        return ASSETS / f"{text}_{suffix}"
+    folder = Path(text)
+    return folder.parent / f"{folder.name}_{suffix}"
+
+
+def heads_folder_for(target: str | os.PathLike) -> Path:
+    """Where the Medusa heads of ``target`` live (``beside_target``: ``target_medusa``)."""
+    return beside_target(target, "medusa")
 
 
 def save_heads(heads: MedusaHeads, folder: str | os.PathLike, base_model: str, extra_files: dict | None = None) -> Path:
@@ -84,9 +107,12 @@ def save_heads(heads: MedusaHeads, folder: str | os.PathLike, base_model: str, e
     with atomic_folder(folder) as tmp:
         tensors = {f"medusa_head.{i}.linear.{n}": p.detach().float().contiguous().cpu()
                    for i, block in enumerate(heads.blocks) for n, p in block.linear.named_parameters()}
+        if heads.guess_vocab is not None:
+            tensors["guess_vocab"] = heads.guess_vocab.cpu().contiguous()
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         cfg = {"architecture": "medusa", "medusa_num_heads": heads.num_heads, "medusa_num_layers": 1,
-               "hidden_size": heads.hidden_size, "base_model": base_model, "lm_head": "base_model (frozen, shared)"}
+               "hidden_size": heads.hidden_size, "base_model": base_model, "lm_head": "base_model (frozen, shared)",
+               "guess_vocab_size": None if heads.guess_vocab is None else len(heads.guess_vocab)}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
@@ -105,8 +131,10 @@ def load_heads(folder: str | os.PathLike, hidden_size: int, device=None, dtype=t
         raise InferlabError(f"the Medusa heads in {folder} read hidden states of width {cfg.get('hidden_size')}, "
                             f"the target's are {hidden_size}: train heads for this target with `inferlab train medusa`")
     heads = MedusaHeads(hidden_size, int(cfg["medusa_num_heads"]))
-    state = {k.removeprefix("medusa_head."): v for k, v in load_file(str(folder / "model.safetensors")).items()}
-    heads.blocks.load_state_dict(state)
+    stored = load_file(str(folder / "model.safetensors"))
+    if "guess_vocab" in stored:
+        heads.guess_vocab = stored.pop("guess_vocab").long()
+    heads.blocks.load_state_dict({k.removeprefix("medusa_head."): v for k, v in stored.items()})
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

@@ -269,3 +269,41 @@ def test_sampled_outputs_follow_the_target(target):
     exp = exact_joint(model, prompt, params)
     assert set(counts) <= set(exp)
     assert_chi_square(counts, exp, n)
+
+
+def test_answer_positions_label_each_head_with_the_target_choice_it_must_guess():
+    """Chat heads learn from the target's own answers: h_t from the last prompt token on, and head i's
+    label x_{t+1+i} (here head 1 at the last prompt token must guess the answer's second token)."""
+    from types import SimpleNamespace
+
+    from inferlab.spec.medusa_train import answer_positions
+
+    target = SimpleNamespace(model=SimpleNamespace(norm=lambda f: f * 2))
+    sample = {"prompt_ids": [1, 2, 3], "answer_ids": [4, 5, 6, 7, 8]}
+    feature = torch.arange(8, dtype=torch.float16)[:, None].expand(8, 4)  # position p holds p
+    h, labels = answer_positions(target, sample, feature, 2)
+    assert h[:, 0].tolist() == [4.0, 6.0, 8.0]  # positions 2, 3, 4 through the final norm
+    assert [y.tolist() for y in labels] == [[5, 6, 7], [6, 7, 8]]
+    assert answer_positions(target, {"prompt_ids": [1, 2], "answer_ids": [3]}, feature[:3], 2) is None
+
+
+def test_guess_vocab_restricts_guesses_and_survives_a_save(tmp_path):
+    """Heads with a guess vocabulary guess the best token among it (the full head's logits at those
+    ids), and keep it through save_heads / load_heads."""
+    from torch import nn
+
+    from inferlab.spec.medusa import MedusaHeads, load_heads, save_heads
+
+    torch.manual_seed(0)
+    heads, head = MedusaHeads(8, 2), nn.Linear(8, 50, bias=False)
+    for b in heads.blocks:
+        nn.init.normal_(b.linear.weight)
+    h = torch.randn(5, 8)
+    vocab = torch.tensor([3, 7, 11, 20, 41])
+    heads.guess_vocab = vocab
+    got = heads.propose(h, head, 2)
+    full = heads(h, head)  # [2, 5, 50]
+    assert torch.equal(got, vocab[full[:, :, vocab].argmax(-1)].T)
+    assert set(got.flatten().tolist()) <= set(vocab.tolist())
+    loaded = load_heads(save_heads(heads, tmp_path / "h", "toy"), 8)
+    assert torch.equal(loaded.guess_vocab, vocab) and torch.equal(loaded.propose(h, head, 2), got)
