@@ -9,11 +9,19 @@ answer (the first customer who asked). Every other question is a query:
 
 For each threshold: hit rate = served / queries, precision = right answers / served, recall =
 right answers / queries that had a right answer to serve.
+
+For answers a model writes (smollm2, with the shop's FAQ as its system prompt: ``faq_system_prompt``),
+each intent's ``fact`` is a case-insensitive regular expression a grounded answer contains: the
+answer's key detail (a number, a menu path, a time limit). ``grounded(answer, intent)`` checks it;
+a near miss's fact never matches the answer of the intent it resembles, so an answer served to
+the wrong question reads as ungrounded. ``conversations`` are two-turn exchanges whose second
+turn decides the intent.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -87,3 +95,29 @@ def near_miss_pairs(data: dict | None = None) -> list[tuple[str, str]]:
     data = data or load()
     first = {it["name"]: it["questions"][0] for it in data["intents"]}
     return [(first[it["name"]], first[it["near_miss_of"]]) for it in data["intents"] if "near_miss_of" in it]
+
+
+def faq_system_prompt(data: dict | None = None) -> str:
+    """The shop's FAQ as one system prompt, every intent's first question and its answer: the
+    prefix every request shares (what prefix caching has to share on this workload)."""
+    data = data or load()
+    lines = ["You are the customer-service assistant of a shop that sells devices, home internet and a "
+             "streaming subscription. Answer in one or two sentences, using only the FAQ below; if the FAQ "
+             "does not cover the question, say that you can only help with the shop's services.", "", "FAQ:"]
+    for it in data["intents"]:
+        lines += [f"Q: {it['questions'][0]}", f"A: {it['answer']}"]
+    return "\n".join(lines)
+
+
+def grounded(answer: str, intent: str, data: dict | None = None) -> bool:
+    """Does ``answer`` state the FAQ fact that ``intent`` names (its ``fact`` pattern)?"""
+    data = data or load()
+    fact = next((it["fact"] for it in data["intents"] if it["name"] == intent), None)
+    if fact is None:
+        raise ValueError(f"unknown intent {intent!r}: choose one of customer_service.json's intents")
+    return re.search(fact, answer, re.IGNORECASE) is not None
+
+
+def conversations(data: dict | None = None) -> list[dict]:
+    """The two-turn exchanges: {"intent", "turns": [first user message, second]}."""
+    return list((data or load())["conversations"])
