@@ -6,6 +6,7 @@
     inferlab train                             train the embedded target/draft pair
     inferlab train medusa                      Medusa heads on the frozen target (speculative decoding)
     inferlab train eagle --target smollm2      an EAGLE draft on the frozen target (speculative decoding)
+    inferlab train draft --target smollm2      a draft cut from the target's layers, distilled from it
     inferlab eval ppl --model M --json         perplexity on the held-out stdlib split
     inferlab quantize --model M --method X --out DIR   quantize (int8, int4, gptq, awq, nf4, q4_k ...)
     inferlab models --json                     list the embedded models
@@ -36,7 +37,8 @@ COMMANDS = {
 }
 
 # a command's own subcommands that live in another module (`inferlab train medusa`)
-SUBCOMMANDS = {("train", "medusa"): "inferlab.spec.medusa_train", ("train", "eagle"): "inferlab.spec.eagle_train"}
+SUBCOMMANDS = {("train", "medusa"): "inferlab.spec.medusa_train", ("train", "eagle"): "inferlab.spec.eagle_train",
+               ("train", "draft"): "inferlab.spec.draft_train"}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

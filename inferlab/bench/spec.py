@@ -45,7 +45,8 @@ from inferlab.llm import load_model
 from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import SamplingParams
 from inferlab.errors import InferlabError
-from inferlab.spec.medusa import MedusaGuesser, heads_folder_for, load_heads
+from inferlab.spec import layer_draft
+from inferlab.spec.medusa import MedusaGuesser, beside_target, heads_folder_for, load_heads
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
 from inferlab.spec.rejection import alpha_from_tokens_per_step, predicted_speedup
@@ -225,7 +226,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     given = prompts is not None
     params = params or SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)
-    dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods else None
+    dmodel = None if "draft" not in methods else layer_draft.attach(draft, model)
+    dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods and dmodel is None else dmodel
     heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
     edraft = quantize_like_target(load_eagle(eagle, model.config, model.device, model.dtype), model) \
         if "eagle" in methods else None
@@ -319,7 +321,8 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="inferlab bench spec", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="target", help="target model (default: target)")
-    p.add_argument("--draft", default="draft", help="draft model (default: draft)")
+    p.add_argument("--draft", default=None,
+                   help="draft model (default: <target>_draft where `inferlab train draft` made one, else draft)")
     p.add_argument("--k", type=int, nargs="+", default=[2, 4], help="guesses per step to sweep (default: 2 4)")
     p.add_argument("--prompts", type=int, default=None,
                    help="held-out prompts (default: 4 code prompts; all 16 of a chat set)")
@@ -350,9 +353,15 @@ def main(argv: list[str]) -> int:
         skipped["medusa"] = f"no Medusa heads for {args.target} (train them with `inferlab train medusa`)"
     if eagle is None:
         skipped["eagle"] = f"no EAGLE draft for {args.target} (train one with `inferlab train eagle --target {args.target}`)"
+    if args.draft is None:
+        args.draft = str(beside_target(args.target, "draft"))
+        args.draft = args.draft if layer_draft.folder_of(args.draft) else "draft"
     try:
-        from inferlab.engine.draft import check_same_tokenizer
-        check_same_tokenizer(load_checkpoint(args.draft, device="cpu")[1], tok)
+        if layer_draft.folder_of(args.draft):  # cut from this target: it must fit it
+            layer_draft.load(layer_draft.folder_of(args.draft), model)
+        else:
+            from inferlab.engine.draft import check_same_tokenizer
+            check_same_tokenizer(load_checkpoint(args.draft, device="cpu")[1], tok)
     except (ValueError, InferlabError) as exc:
         methods.remove("draft")
         skipped["draft"] = f"{args.draft}: {str(exc).split(':')[0]}"

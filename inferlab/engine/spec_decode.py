@@ -16,6 +16,7 @@ from inferlab.engine.medusa import MedusaProposer
 from inferlab.engine.proposer import PromptLookupProposer, Proposer
 from inferlab.model.loader import load_checkpoint
 from inferlab.sampling import probs_from_logits, sample
+from inferlab.spec import layer_draft
 from inferlab.spec.rejection import greedy_verify, rejection_sample
 
 
@@ -28,6 +29,9 @@ def make_proposer(config, model, tokenizer) -> Proposer | None:
     if spec.method == "ngram":
         return PromptLookupProposer(spec.make_proposer())
     if spec.method == "draft":
+        cut = layer_draft.attach(spec.model, model)  # a draft cut from the target shares its embedding
+        if cut is not None:
+            return DraftProposer(cut, model, config.num_kv_blocks, config.block_size)
         draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
         return DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer, tokenizer)
     if spec.model is None:
