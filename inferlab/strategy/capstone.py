@@ -30,6 +30,7 @@ import torch
 from inferlab.engine import EngineConfig, LLMEngine
 from inferlab.engine.policy import check_name as check_batching_policy
 from inferlab.sampling import SamplingParams
+from inferlab.strategy.router import route
 
 DEFAULT = {"quantization": None, "enable_prefix_caching": False, "batching_policy": "static", "max_num_seqs": 8,
            "semantic_cache_threshold": None, "router_threshold": None, "speculative": None}
@@ -147,9 +148,7 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
                     spent += time.perf_counter() - t0
                     continue
             ids = tok.encode(w["prompt"])
-            where = "large"
-            if small is not None and prompt_nll(small, ids) <= d["router_threshold"]:
-                where = "small"
+            where = "large" if small is None else route(prompt_nll(small, ids), d["router_threshold"])
             engines[where].add_request(rid, ids, SamplingParams(temperature=0, max_tokens=w["max_tokens"], ignore_eos=True))
             reqs[rid] = _Req(rid, tick, where)
             spent += time.perf_counter() - t0

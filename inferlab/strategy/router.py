@@ -24,9 +24,15 @@ import torch.nn.functional as F
 from inferlab.sampling import SamplingParams
 
 
+def to_small(score, threshold):
+    """The routing rule, in one place: the small model takes a request when its prompt NLL is at most
+    ``threshold`` (it finds the prompt easy). Works on one score or an array of them (a bool mask)."""
+    return score <= threshold
+
+
 def route(score: float, threshold: float) -> str:
-    """"small" when the small model's prompt NLL is at most ``threshold`` (it finds the prompt easy), else "large"."""
-    return "small" if score <= threshold else "large"
+    """"small" or "large" for one request (``to_small``): the call the capstone makes per request."""
+    return "small" if to_small(score, threshold) else "large"
 
 
 class CodeCorpus:
@@ -88,7 +94,7 @@ def sweep(table: dict, thresholds, cost_small: float, cost_large: float, scoring
     ppl_large = math.exp(float(nl.mean()))
     rows = []
     for t in thresholds:
-        small = s <= t
+        small = to_small(s, t)
         cost = (small.sum() * cost_small + (~small).sum() * cost_large + n * scoring_cost) / (n * cost_large)
         ppl = math.exp(float(np.where(small, ns, nl).mean()))
         rows.append({"threshold": float(t), "small_share": float(small.mean()), "cost": float(cost),

@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from inferlab.strategy import thresholds
+
 
 @dataclasses.dataclass
 class CacheHit:
@@ -36,10 +38,13 @@ class SemanticCache:
     """embedder: an object with ``embed(list[str]) -> unit vectors [n, dim]`` (``inferlab.strategy.embed``).
     threshold: the least cosine similarity served. capacity: entries kept. ttl_s: seconds an entry
     lives (None: forever). clock: the time source (tests pass a fake one). verify: optional second
-    check ``verify(query, cached_query) -> bool`` on the nearest entry."""
+    check ``verify(query, cached_query) -> bool`` on the nearest entry. nearest: the neighbour search,
+    ``nearest(keys [n, dim], query [dim]) -> (row, cosine)`` (lab 07's contract; default the reference
+    ``inferlab.strategy.thresholds.nearest``)."""
 
     def __init__(self, embedder, threshold: float = 0.85, capacity: int = 1024, ttl_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, verify: Callable[[str, str], bool] | None = None):
+                 clock: Callable[[], float] = time.monotonic, verify: Callable[[str, str], bool] | None = None,
+                 nearest: Callable = thresholds.nearest):
         if not -1 <= threshold <= 1:
             raise ValueError(f"threshold is a cosine similarity in [-1, 1], got {threshold}")
         if capacity < 1:
@@ -47,7 +52,7 @@ class SemanticCache:
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0 seconds or None (no expiry), got {ttl_s}")
         self.embedder, self.threshold, self.capacity, self.ttl_s = embedder, threshold, capacity, ttl_s
-        self.clock, self.verify = clock, verify
+        self.clock, self.verify, self.search = clock, verify, nearest
         self.keys = np.zeros((capacity, embedder.dim), dtype=np.float32)
         self.valid = np.zeros(capacity, dtype=bool)
         self.created = np.zeros(capacity)
@@ -70,20 +75,18 @@ class SemanticCache:
 
     def nearest(self, embedding: np.ndarray, scope=None) -> tuple[int, float]:
         """The slot of the most similar live entry (in ``scope`` if given) and its cosine; (-1, -inf)
-        when none. Brute force: one matrix-vector product over all slots."""
+        when none. Brute force over the live rows (``self.search``, one matrix-vector product)."""
         self._expire()
         mask = self.valid if scope is None else self.valid & np.array([s == scope for s in self.scopes])
-        if not mask.any():
-            return -1, float("-inf")
-        sims = np.where(mask, self.keys @ embedding, -np.inf)
-        slot = int(np.argmax(sims))
-        return slot, float(sims[slot])
+        live = np.flatnonzero(mask)
+        i, sim = self.search(self.keys[live], embedding)
+        return (int(live[i]), float(sim)) if i >= 0 else (-1, float("-inf"))
 
     def lookup(self, query: str, scope=None, embedding: np.ndarray | None = None) -> CacheHit | None:
         """The cached answer for ``query``, or None (a miss). Pass ``embedding`` if already computed."""
         e = self.embedder.embed([query])[0] if embedding is None else embedding
         slot, sim = self.nearest(e, scope)
-        if slot < 0 or sim < self.threshold:
+        if slot < 0 or not thresholds.serves(sim, self.threshold):
             self.stats["misses"] += 1
             return None
         if self.verify is not None and not self.verify(query, self.queries[slot]):

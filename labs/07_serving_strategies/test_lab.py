@@ -89,6 +89,29 @@ def test_cache_on_held_out_questions(questions):
                   threshold=t, served=served, right=right, precision=round(precision, 3), recall=round(recall, 3))
 
 
+@labkit.points(2)
+def test_the_capstone_cache_runs_your_nearest(questions):
+    """The capstone's SemanticCache searches with the nearest function it is given: with yours, every
+    held-out question gets the entry the reference finds, and the same hits at the same threshold."""
+    from inferlab.strategy import thresholds
+    from inferlab.strategy.semantic_cache import SemanticCache
+
+    keys, intents, emb, queries = questions
+
+    class Given:  # the embeddings are computed once, by the fixture
+        dim = keys.shape[1]
+
+    caches = {}
+    for name, search in (("yours", lab.nearest), ("reference", thresholds.nearest)):
+        cache = SemanticCache(Given(), threshold=0.7, capacity=len(keys), nearest=search)
+        for k, intent in zip(keys, intents):
+            cache.insert(intent, intent, embedding=k)
+        caches[name] = [(h.answer if (h := cache.lookup("", embedding=e)) else None) for e in emb[1::2]]
+    wrong = sum(a != b for a, b in zip(caches["yours"], caches["reference"]))
+    labkit.expect(wrong == 0, "SemanticCache(nearest=your nearest) must serve what it serves with the reference's",
+                  differing=wrong, of=len(caches["yours"]))
+
+
 # ---------------------------------------------------------------- the router
 
 @labkit.points(1)

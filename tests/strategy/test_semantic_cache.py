@@ -31,6 +31,24 @@ class Clock:
 E = TableEmbedder({"a": [1, 0, 0], "a'": [0.95, 0.31, 0], "b": [0, 1, 0], "c": [0, 0, 1], "ab": [1, 1, 0]})
 
 
+def test_the_cache_searches_with_the_function_it_is_given():
+    """Lab 07's nearest plugs into the capstone's cache: the cache asks it about the live rows only
+    (here one scope's) and maps its row back to the cache's slot."""
+    calls = []
+
+    def last_row(keys, query):  # a deliberately different search: the last live row, similarity 1
+        calls.append(len(keys))
+        return (len(keys) - 1, 1.0) if len(keys) else (-1, float("-inf"))
+
+    cache = SemanticCache(E, threshold=0.9, capacity=8, nearest=last_row)
+    for q, scope in (("a", "x"), ("b", "y"), ("c", "x"), ("ab", "y")):
+        cache.insert(q, f"answer {q}", scope=scope)
+    assert cache.lookup("a", scope="x").answer == "answer c"   # the reference would find "a"
+    assert cache.lookup("b", scope="y").answer == "answer ab"
+    assert calls == [2, 2]
+    assert cache.lookup("a", scope="z") is None and calls[-1] == 0
+
+
 def test_threshold_decides_hit_or_miss():
     cache = SemanticCache(E, threshold=0.9)
     cache.insert("a", "answer a")
