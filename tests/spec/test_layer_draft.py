@@ -117,3 +117,30 @@ def test_distillation_raises_held_out_agreement(toy, tmp_path):
     assert (tmp_path / "draft_ckpt.pt").exists()
     # the shared embedding was not trained
     assert torch.equal(draft.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_the_shipped_smollm2_draft_is_small_and_has_its_card():
+    from inferlab.spec.medusa import beside_target
+
+    folder = beside_target("smollm2", "draft")
+    assert layer_draft.folder_of("smollm2_draft") == folder
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size <= 30e6, size  # the budget: 30 MB
+    m = json.loads((folder / "metrics.json").read_text())
+    after, before = m["held_out"]["after"], m["held_out"]["before"]
+    assert after["greedy_agreement"] > before["greedy_agreement"] and after["kl"] < before["kl"]
+    assert 0 < m["draft_cost_ratio"] < 0.5 and m["train_time_s"] > 0
+    card = (folder / "README.md").read_text()
+    assert f"{after['greedy_agreement']:.1%}" in card and "inferlab train draft" in card
+
+
+@pytest.mark.slow
+def test_the_shipped_smollm2_draft_keeps_greedy_outputs_and_guesses_right_sometimes(smollm2_fp32):
+    from inferlab.bench.spec import chat_prompts
+
+    model, tok = smollm2_fp32
+    prompts = chat_prompts(tok, "grounded", 2)
+    plain, _ = _run(model, tok, None, prompts, max_tokens=32)
+    out, c = _run(model, tok, {"model": "smollm2_draft", "num_speculative_tokens": 3}, prompts, max_tokens=32)
+    assert out == plain
+    assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
