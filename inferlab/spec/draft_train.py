@@ -159,11 +159,11 @@ tokens the target's answers use most; q is 0 elsewhere, so rejection sampling st
 Stored: {s['parameters']:,} parameters in fp16, {s['stored_mb']:.1f} MB.
 
 Trained by `{s['command']}`: forward KL(p_target || q_draft) over the draft vocabulary
-(DistillSpec, Zhou et al. ICLR 2024) at every position of {s['train_prompts']} prompts and the
-target's greedy answers to them ({s['train_positions']:,} positions), {s['steps']} steps of
+(DistillSpec, Zhou et al. ICLR 2024) at every position of {s['train_answers']} of the target's greedy
+answers and the prompts they answer ({s['train_positions']:,} positions), {s['steps']} steps of
 {s['batch_size']} sequences, learning rate {s['lr']}, {s['train_time_s']:.0f} s on {s['threads']} CPU threads.
 
-| held out: {s['held_out_prompts']} prompts not trained on, {a['tokens']:,} answer tokens | before training | after |
+| held out: {s['held_out_answers']} answers to prompts not trained on, {a['tokens']:,} answer tokens | before training | after |
 |---|---|---|
 | greedy agreement with the target (acceptance of greedy speculation, per guess) | {b['greedy_agreement']:.1%} | {a['greedy_agreement']:.1%} |
 | KL(p_target \\|\\| q_draft), nats per token | {b['kl']:.3f} | {a['kl']:.3f} |
@@ -231,8 +231,8 @@ def main(argv: list[str]) -> int:
     summary = {"method": "layer draft: the target's layers over its shared embedding, draft-vocabulary head, "
                          "forward KL to the target (DistillSpec)",
                "base_model": args.target, "source_layers": layers, "draft_vocab_size": len(vocab),
-               "parameters": params, "stored_mb": round(params * 2 / 1e6, 2), "train_prompts": len(train_s),
-               "held_out_prompts": len(test_s),
+               "parameters": params, "stored_mb": round(params * 2 / 1e6, 2), "train_answers": len(train_s),
+               "held_out_answers": len(test_s),
                "train_positions": sum(len(s["prompt_ids"]) + len(s["answer_ids"]) - 1 for s in train_s),
                "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                "train_time_s": round(seconds, 1), "held_out": {"before": before, "after": after},
