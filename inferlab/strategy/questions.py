@@ -90,6 +90,35 @@ def sweep(table: dict, thresholds, generate_s: float = 0.0, lookup_s: float = 0.
     return rows
 
 
+def calibrated(embedder, min_precision: float = 0.9, seeds: list[dict] | None = None,
+               queries: list[Query] | None = None) -> dict:
+    """One global threshold with a stated error bound, as a deployment would set it: on the
+    even-numbered queries (the calibration split) the lowest threshold whose served answers are
+    right at least ``min_precision`` of the time (``thresholds.choose_threshold``, lab 07's
+    reference); then, on the odd-numbered ones (held out), what that threshold serves. No topic
+    scope: the customer does not always pick the right menu. Returns the threshold, and for the
+    held-out split: hit rate, precision, recall, and how many paraphrases of cached questions,
+    near misses and out-of-scope questions were served (the last two are always wrong)."""
+    from inferlab.strategy.thresholds import choose_threshold, serves
+
+    if seeds is None or queries is None:
+        seeds, queries = split()
+    table = nearest_table(embedder, seeds, queries)
+    right = np.array([p == t and t is not None for p, t in zip(table["intent"], table["truth"])])
+    cal, held = np.arange(0, len(queries), 2), np.arange(1, len(queries), 2)
+    t = choose_threshold(table["similarity"][cal], right[cal], min_precision)
+    served = serves(table["similarity"][held], t)
+    kinds = np.array(["paraphrases" if queries[i].answerable else "near_misses" if queries[i].intent else "out_of_scope"
+                      for i in held])
+    n_served, n_right = int(served.sum()), int((served & right[held]).sum())
+    return {"embedder": getattr(embedder, "name", type(embedder).__name__), "min_precision": min_precision,
+            "threshold": t, "held_out": len(held), "served": n_served, "right": n_right,
+            "hit_rate": n_served / len(held), "precision": n_right / n_served if n_served else 1.0,
+            "recall": n_right / max(int(table["answerable"][held].sum()), 1),
+            **{f"served_{k}": int((served & (kinds == k)).sum()) for k in ("paraphrases", "near_misses", "out_of_scope")},
+            **{k: int((kinds == k).sum()) for k in ("paraphrases", "near_misses", "out_of_scope")}}
+
+
 def near_miss_pairs(data: dict | None = None) -> list[tuple[str, str]]:
     """(uncached intent, the cached intent it resembles) pairs."""
     data = data or load()
