@@ -118,9 +118,11 @@ def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, sp
     speculation (``plain``) and one with it (``spec``; each with its engine's ``counters``):
     the decode forward t1 (seconds), v (a verify forward over t1), k c (the proposer's own work
     per step with guesses, over t1), the share f of decode steps that had guesses, L (tokens per
-    such step) and the speedup the formula predicts for that mix of steps,
+    such step), w (the speculative run's own steps without guesses over t1: 1 on a steady machine;
+    these CPUs are shared, and a run that finds the machine slower pays that on every step, which
+    w carries into the prediction) and the speedup the formula predicts for that mix of steps,
 
-        (f L + (1 - f)) / (f (k c + v) + (1 - f)),
+        (f L + (1 - f)) / (f (k c + v) + (1 - f) w),
 
     beside the decode speedup measured (tokens per decode second, against the plain run's);
     ``plain_step_s`` and ``spec_step_s`` hold every phase per step, where the rest of a gap goes."""
@@ -131,10 +133,11 @@ def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, sp
     per = spec.per_step("spec")
     v = per["forward"] / t1 if with_guesses else 1.0
     kc = (per["propose"] + per["fill"] + per["observe"]) / t1 if with_guesses else 0.0
+    w = spec.per_step("plain")["forward"] / t1 if without else 1.0
     rate = lambda prof, c: c["decode_tokens"] / max(prof.decode_seconds(), 1e-12)  # noqa: E731
     return {"decode_forward_s": t1, "verify_cost_ratio": v, "draft_cost_per_step": kc,
-            "share_of_steps_with_guesses": f, "mean_acceptance_length": length,
-            "predicted_decode_speedup": (f * length + 1 - f) / (f * (kc + v) + 1 - f),
+            "share_of_steps_with_guesses": f, "mean_acceptance_length": length, "plain_step_ratio": w,
+            "predicted_decode_speedup": (f * length + 1 - f) / (f * (kc + v) + (1 - f) * w),
             "measured_decode_speedup": rate(spec, spec_counters) / rate(plain, plain_counters),
             "plain_step_s": plain.per_step("plain"), "spec_step_s": per,
             "spec_plain_step_s": spec.per_step("plain")}

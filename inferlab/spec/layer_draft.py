@@ -144,8 +144,14 @@ def load(folder: str | os.PathLike, target: CausalLM) -> CausalLM:
 
 def attach(name: str | os.PathLike, target: CausalLM) -> CausalLM | None:
     """The layer draft ``name`` means, loaded onto ``target`` as the engine runs it (its linears in
-    Q8_0 under a quantized target, as an EAGLE draft's are); None if ``name`` is no layer draft."""
+    Q8_0 under a quantized target, as an EAGLE draft's are; q/k/v and gate/up packed, as ``LLM``
+    packs the target); None if ``name`` is no layer draft."""
+    from inferlab.model.packing import pack_projections
     from inferlab.spec.eagle import quantize_like_target
 
     folder = folder_of(name)
-    return None if folder is None else quantize_like_target(load(folder, target), target)
+    if folder is None:
+        return None
+    draft = quantize_like_target(load(folder, target), target)
+    pack_projections(draft)
+    return draft

@@ -1,5 +1,5 @@
 """Speculative sampling stays exact on the real target: smollm2 in fp32, sampled through the engine
-with prompt lookup and with the shipped EAGLE draft, follows the target's own distribution over
+with prompt lookup, the shipped EAGLE draft and the draft cut from smollm2, follows the target's own distribution over
 the first three tokens (a chi-square test against the joint enumerated from the target, as
 tests/engine/test_spec_distribution.py does on the toy; a reduced budget: 600 requests, decoded side by side)."""
 from __future__ import annotations
@@ -18,15 +18,21 @@ from engine.test_spec_distribution import assert_chi_square, exact_joint
 PROMPT = "Count with me: one, two, three, four, five. One, two, three, four, five. One, two, three,"
 
 
+T1 = SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True)
+T07_P09 = SamplingParams(temperature=0.7, top_p=0.9, top_k=4, max_tokens=3, ignore_eos=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True),
-                                    SamplingParams(temperature=0.7, top_p=0.9, top_k=4, max_tokens=3, ignore_eos=True)],
-                         ids=["t1", "t0.7-p0.9"])
-@pytest.mark.parametrize("method", ["ngram", "eagle"])
+@pytest.mark.parametrize("method,params", [("ngram", T1), ("ngram", T07_P09), ("eagle", T1), ("eagle", T07_P09),
+                                           ("draft", T07_P09)],
+                         ids=["ngram-t1", "ngram-t0.7-p0.9", "eagle-t1", "eagle-t0.7-p0.9", "draft-t0.7-p0.9"])
 def test_sampled_outputs_follow_the_real_target(smollm2_fp32, params, method):
+    """(The draft cut from smollm2 has q = 0 off its draft vocabulary: the residual must supply
+    those tokens, and top-p's nucleus must be the target's, not the draft's.)"""
     model, tok = smollm2_fp32
-    spec = ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3} if method == "ngram" else
-            {"method": "eagle", "num_speculative_tokens": 2, "model": str(eagle_folder_for("smollm2"))})
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            "eagle": {"method": "eagle", "num_speculative_tokens": 2, "model": str(eagle_folder_for("smollm2"))},
+            "draft": {"model": "smollm2_draft", "num_speculative_tokens": 2}}[method]
     prompt, n = tok.encode(PROMPT), 600
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=n, enable_prefix_caching=True, speculative_config=spec))
     for i in range(n):

@@ -76,3 +76,9 @@ def test_engine_terms_price_the_mix_of_steps():
     # 7 tokens in 0.478 s against 10 in 1.0 s
     assert t["measured_decode_speedup"] == pytest.approx((7 / 0.478) / 10)
     assert set(t["spec_step_s"]) == set(PHASES)
+    # the machine ran slower during the speculative run: its step without guesses took 0.13 s, so
+    # w = 1.3 prices each such step at 1.3 plain ones
+    slow = _profile({"spec": 3, "plain": 1}, {"spec": 0.12, "plain": 0.13}, propose=0.006)
+    t = engine_terms(plain, slow, {"decode_tokens": 10}, counters)
+    assert t["plain_step_ratio"] == pytest.approx(1.3)
+    assert t["predicted_decode_speedup"] == pytest.approx(1.75 / (0.75 * 1.26 + 0.25 * 1.3))
