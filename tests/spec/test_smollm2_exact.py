@@ -34,6 +34,9 @@ def test_sampled_outputs_follow_the_real_target(smollm2_fp32, params, method):
             "eagle": {"method": "eagle", "num_speculative_tokens": 2, "model": str(eagle_folder_for("smollm2"))},
             "draft": {"model": "smollm2_draft", "num_speculative_tokens": 2}}[method]
     prompt, n = tok.encode(PROMPT), 600
+    if method == "draft":  # the draft learnt from smollm2's chat answers only: ask it as a chat
+        from inferlab.model.chat import Chat
+        prompt = Chat(tok).prompt([{"role": "user", "content": PROMPT}])[1]
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=n, enable_prefix_caching=True, speculative_config=spec))
     for i in range(n):
         engine.add_request(str(i), prompt, SamplingParams(**{**params.__dict__, "seed": i}))
