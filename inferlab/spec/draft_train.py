@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from tqdm import tqdm
 
 from inferlab.errors import InferlabError
 from inferlab.spec import layer_draft
+from inferlab.spec.eagle_train import draft_vocabulary, feature_stage, length_buckets, read_answers, resume, set_lr
 from inferlab.spec.medusa import beside_target
 
 log = logging.getLogger("inferlab.draft_train")
@@ -90,23 +90,14 @@ def train(draft, target, samples, feats, rows, steps: int, lr: float, batch_size
     ckpt = run_dir / "draft_ckpt.pt"
     params = [p for n, p in draft.named_parameters() if not n.startswith("model.embed_tokens")]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    start, spent = 0, 0.0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        draft.load_state_dict(state["draft"], strict=False)
-        opt.load_state_dict(state["opt"])
-        start, spent = state["step"], state["seconds"]
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt_ids"]) + len(samples[i]["answer_ids"]))
-    buckets = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]  # similar lengths pad little
-    warmup = max(1, steps // 20)
+    start, spent = resume(ckpt, draft, opt, strict=False)  # the checkpoint leaves the shared embedding out
+    buckets = length_buckets(samples, batch_size)
     draft.train()
     t0, ema = time.monotonic(), None
     bar = tqdm(range(start, steps), desc="draft", unit="step", disable=quiet, initial=start, total=steps)
     for step in bar:
         idx = random.Random(seed * 100003 + step).choice(buckets)
-        for g in opt.param_groups:
-            g["lr"] = lr * (step + 1) / warmup if step < warmup else \
-                lr * (0.05 + 0.475 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        set_lr(opt, lr, step, steps)
         ids, p_log, mask = batch(samples, feats, idx, target, rows)
         q_log = F.log_softmax(draft.lm_head.sub_logits(draft_hidden(draft, ids)), -1)
         loss = F.kl_div(q_log[mask], p_log[mask], log_target=True, reduction="batchmean")
@@ -198,7 +189,6 @@ def main(argv: list[str]) -> int:
     if min(args.draft_vocab, args.steps, args.batch_size) < 1:
         raise InferlabError("--draft-vocab, --steps and --batch-size must be >= 1")
     from inferlab.llm import load_model
-    from inferlab.spec.eagle_train import draft_vocabulary, feature_stage, read_answers
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

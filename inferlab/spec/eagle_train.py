@@ -255,29 +255,45 @@ def evaluate(draft, target, samples, feats, t2d, batch_size: int = 8) -> dict:
             "draft_vocab_coverage": round(covered / max(total, 1), 4)}
 
 
+def resume(ckpt: Path, module, opt, strict: bool = True) -> tuple[int, float]:
+    """Load the checkpoint a stopped run left (``{"draft", "opt", "step", "seconds"}``) into
+    ``module`` and ``opt``; returns (steps done, seconds spent), (0, 0.0) for a fresh run."""
+    if not ckpt.exists():
+        return 0, 0.0
+    state = torch.load(ckpt, weights_only=True)
+    module.load_state_dict(state["draft"], strict=strict)
+    opt.load_state_dict(state["opt"])
+    return state["step"], state["seconds"]
+
+
+def length_buckets(samples, batch_size: int) -> list[list[int]]:
+    """Sample indices in groups of ``batch_size`` of similar length (prompt + answer): a batch
+    drawn from one group pads little."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt_ids"]) + len(samples[i]["answer_ids"]))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def set_lr(opt, lr: float, step: int, steps: int) -> None:
+    """Linear warmup over the first 5% of ``steps``, then cosine decay to 5% of ``lr``."""
+    warmup = max(1, steps // 20)
+    for g in opt.param_groups:
+        g["lr"] = lr * (step + 1) / warmup if step < warmup else \
+            lr * (0.05 + 0.475 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+
+
 def train_stage(draft, target, samples, feats, t2d, steps: int, lr: float, batch_size: int, w_ce: float,
                 run_dir: Path, seed: int, quiet: bool = False) -> float:
     """AdamW with warmup and cosine decay; resumes from eagle_ckpt.pt. Returns the seconds it trained."""
     ckpt = run_dir / "eagle_ckpt.pt"
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.0)
-    start, spent = 0, 0.0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=True)
-        draft.load_state_dict(state["draft"])
-        opt.load_state_dict(state["opt"])
-        start, spent = state["step"], state["seconds"]
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["prompt_ids"]) + len(samples[i]["answer_ids"]))
-    buckets = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]  # similar lengths pad little
-    warmup = max(1, steps // 20)
+    start, spent = resume(ckpt, draft, opt)
+    buckets = length_buckets(samples, batch_size)
     draft.train()
     t0, ema = time.monotonic(), None
     bar = tqdm(range(start, steps), desc="eagle draft", unit="step", disable=quiet, initial=start, total=steps)
     for step in bar:
-        rng = random.Random(seed * 100003 + step)
-        idx = rng.choice(buckets)
-        for g in opt.param_groups:
-            g["lr"] = lr * (step + 1) / warmup if step < warmup else \
-                lr * (0.05 + 0.475 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        idx = random.Random(seed * 100003 + step).choice(buckets)
+        set_lr(opt, lr, step, steps)
         embeds, prev, cur, labels = _batch(target, samples, feats, idx, t2d)
         losses = draft_losses(draft, embeds, prev, cur, labels)
         loss = sum((reg + w_ce * ce) * (1.0 if k == 0 else 0.5) for k, (reg, ce, _) in enumerate(losses))
