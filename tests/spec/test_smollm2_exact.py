@@ -60,20 +60,12 @@ def test_shipped_medusa_heads_keep_greedy_outputs_and_guess_right_sometimes(smol
     from inferlab.bench.spec import chat_prompts
     from inferlab.spec.medusa import heads_folder_for
 
+    from spec.test_layer_draft import _run
+
     model, tok = smollm2_fp32
     prompts = chat_prompts(tok, "grounded", 2)
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-    def run(spec):
-        engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=2, speculative_config=spec))
-        for i, p in enumerate(prompts):
-            engine.add_request(str(i), p, params)
-        outs = {}
-        while engine.has_unfinished_requests():
-            outs.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
-        return outs, engine.counters
-
-    plain, _ = run(None)
-    spec, c = run({"method": "medusa", "num_speculative_tokens": 3, "model": str(heads_folder_for("smollm2"))})
+    plain, _ = _run(model, tok, None, prompts, max_tokens=32)
+    spec, c = _run(model, tok, {"method": "medusa", "num_speculative_tokens": 3,
+                                "model": str(heads_folder_for("smollm2"))}, prompts, max_tokens=32)
     assert spec == plain
     assert c["spec_decode_num_accepted_tokens"] > 0
