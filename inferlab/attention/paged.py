@@ -25,6 +25,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from inferlab.attention import cpu_decode
 from inferlab.attention.base import attention_mask
 
 MULTI_QUERY_MAX = 17  # a verify of up to 16 guesses (inferlab.spec.config's cap) plus the last token
@@ -164,7 +165,10 @@ def torch_decode(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tenso
     ([num_blocks, block_size, Hkv, D]), ``meta.block_tables[:B]`` and ``meta.context_lens[:B]``.
     """
     cache = meta.kv_cache
-    return paged_decode(q, cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.decode_slots, meta.decode_mask)
+    k_slots, v_slots = cache.k_slots[layer_idx], cache.v_slots[layer_idx]
+    out = cpu_decode.paged_decode(q, k_slots, v_slots, meta.decode_slots, meta.context_lens[:q.shape[0]],
+                                  meta.sliding_window)  # one C loop where it runs
+    return out if out is not None else paged_decode(q, k_slots, v_slots, meta.decode_slots, meta.decode_mask)
 
 
 def torch_prefill(q, k, v, mask) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 
 from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttentionMetadata, TorchSDPABackend,
                                 attention_mask)
+from inferlab.model import glue
 from inferlab.model.config import ModelConfig
 from inferlab.model.linear import LinearFactory, default_linear
 from inferlab.model.moe import SparseMoeBlock
@@ -34,8 +35,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused kernel: x * rsqrt(mean(x^2) + eps) * weight
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if x.dtype == torch.float32:  # one loop (model/glue.c), else torch's fused kernel
+            out = glue.rms_norm(x, self.weight, self.eps)
+            return out if out is not None else F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -68,7 +70,8 @@ class Attention(nn.Module):
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if not glue.rope_(cos, sin, q, k):  # in place, one loop each (model/glue.c), where it runs
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.backend.forward(self.layer_idx, q, k, v, metadata)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 

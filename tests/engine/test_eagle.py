@@ -140,6 +140,10 @@ def test_a_quantized_target_gets_a_quantized_draft(target, eagle_config):
     got, spec = run((q, tok), PROMPTS[:3], params, speculative_config=eagle_config)
     linears = [m for m in spec.proposer.draft.modules() if isinstance(m, (torch.nn.Linear, GGMLLinear))]
     assert len(linears) == 9 and all(isinstance(m, GGMLLinear) for m in linears)
+    # The Q8_0 loops round activations to int8 per block of 32, as llama.cpp's Q8_0 dot product
+    # does, while same_greedy's reference (one forward of the whole text) dequantizes and multiplies
+    # in float: the two sit about 1e-2 apart in logits (0.0075 measured at a near-tie), so a tie
+    # here is anything within 0.03, not fp32's 1e-4.
     for p, g, w in zip(PROMPTS, got, want):
-        assert same_greedy(q, tok.encode(p), g.token_ids, w.token_ids)
+        assert same_greedy(q, tok.encode(p), g.token_ids, w.token_ids, tol=0.03)
     assert spec.counters["spec_decode_num_accepted_tokens"] > 0

@@ -1,0 +1,48 @@
+/* The small operations of a decode step, one C call each: RMSNorm and rotary embeddings.
+
+   On one token, each of these is a few thousand floats of work, and torch spends far longer
+   dispatching it: F.rms_norm runs ~6 kernels, the "rotate half" RoPE ~10 (slices, a cat, a neg,
+   three multiplies and adds), each with its allocation and ~3-5 us of overhead on a CPU. A
+   30-layer model pays that 60 and 30 times a token: milliseconds, next to the ~24 ms its fp32
+   weights take to read. llama.cpp's graph runs each as one loop; so do these.
+
+   Both are written as plain loops the compiler vectorises (-O3); they are not where the bytes are.
+   inferlab/model/glue.py builds this file and falls back to the torch ops wherever it does not run. */
+#include <math.h>
+#include <stdint.h>
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `dim` floats (contiguous).
+   The sum of squares is accumulated in double: one long float sum would drift from torch's
+   vectorised (pairwise) one by more than the low bit. */
+void inferlab_rms_norm(const float *x, const float *w, float *out, int rows, int dim, float eps) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (int64_t)r * dim;
+        float *yr = out + (int64_t)r * dim;
+        double ss = 0.0;
+        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        const float inv = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++) yr[i] = (xr[i] * inv) * w[i];
+    }
+}
+
+/* Rotate, in place, `heads` heads of head_dim D at each of `tokens` tokens by that token's angles
+   ("rotate half", HF Llama's layout): channel i and i + D/2 form a pair,
+       x_i' = x_i cos_i - x_{i+D/2} sin_i,   x_{i+D/2}' = x_{i+D/2} cos_i + x_i sin_i.
+   x[t, h, :] sits at x + t * token_stride + h * head_stride (the D floats contiguous): the q or k
+   part of a packed projection's output is rotated where it lies. cos/sin: [tokens, D] rows (their
+   halves are equal, as rope_cos_sin builds them); only the first D/2 of each row is read. */
+void inferlab_rope(float *x, int tokens, int heads, int D, int64_t token_stride, int64_t head_stride,
+                   const float *cos, const float *sin) {
+    const int half = D / 2;
+    for (int t = 0; t < tokens; t++) {
+        const float *c = cos + (int64_t)t * D, *s = sin + (int64_t)t * D;
+        for (int h = 0; h < heads; h++) {
+            float *a = x + t * token_stride + h * head_stride, *b = a + half;
+            for (int i = 0; i < half; i++) {
+                const float ai = a[i], bi = b[i];
+                a[i] = ai * c[i] - bi * s[i];
+                b[i] = bi * c[i] + ai * s[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+"""The small operations of a decode step in one C call each (``glue.c``, beside this file: why).
+
+:func:`rms_norm` and :func:`rope_` run RMSNorm and the rotary embedding of a layer as llama.cpp
+runs them, one loop each, where the torch ops would spend most of a decode step's non-weight time
+dispatching. Each returns None (or False) where the C build does not take the call, and the caller
+runs the torch reference: a tensor that is not float32 on the CPU, autograd, a compiled step
+(inductor fuses these ops itself), ``INFERLAB_QUANT_KERNEL`` set to ``compiled`` or ``eager``
+(every op is torch's, as for the linears), ``ATEN_CPU_CAPABILITY=default``, or no C compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from inferlab.native import library, runs
+
+SOURCE = Path(__file__).with_name("glue.c")
+_p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+
+
+def _lib():
+    return library(SOURCE, (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
+                            ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p))))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """x / rms(x) * weight over the last dimension, or None where the C loop does not run."""
+    if not (runs(x, weight) and x.is_contiguous() and weight.is_contiguous()) or (lib := _lib()) is None:
+        return None
+    out = torch.empty_like(x)
+    dim = x.shape[-1]
+    lib.inferlab_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps)
+    return out
+
+
+def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
+    """Rotate each x [1, H, T, D] in place by cos/sin [1, 1, T, D] (what ``rope.apply_rope``
+    returns); an x may be a strided view, as the q and k parts of a packed projection are. False,
+    and nothing rotated, where the C loop does not take them all (the caller runs ``apply_rope``)."""
+    if not (cos.shape[0] == 1 and cos.is_contiguous() and sin.is_contiguous() and runs(cos, sin, *xs)
+            and all(x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 for x in xs)) or (lib := _lib()) is None:
+        return False
+    for x in xs:
+        _, heads, tokens, d = x.shape
+        lib.inferlab_rope(x.data_ptr(), tokens, heads, d, x.stride(2), x.stride(1), cos.data_ptr(), sin.data_ptr())
+    return True

@@ -1,0 +1,46 @@
+"""The project's small C loops outside the quantized linears: how each is built, loaded and gated.
+
+:func:`library` compiles a C file with the system compiler (``inferlab.quant.vnni._build``: once
+per source and machine, in the cache) and declares its functions; :func:`runs` says whether a C
+call may take a tensor now, so every loop steps aside at the same places as the linears' loops.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def library(source: Path, signatures: tuple) -> ctypes.CDLL | None:
+    """``source`` compiled and loaded, its functions declared (``signatures``: (name, argtypes)
+    pairs), or None where no compiler builds it."""
+    from inferlab.quant import fused  # here, not above: inferlab.quant imports the model, which imports this
+    from inferlab.quant.vnni import _build
+    if not fused.compiler_available():
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(source)))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("inferlab: %s did not build (%s); torch runs its operations", source.name, e)
+        return None
+    for name, argtypes in signatures:
+        getattr(lib, name).argtypes = list(argtypes)
+    return lib
+
+
+def runs(*tensors: torch.Tensor) -> bool:
+    """Whether a C call may take these tensors now (float32 on the CPU, no autograd, eager)."""
+    from inferlab.quant import fused
+    if fused.mode() != "auto" or os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        return False
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)

@@ -1,0 +1,107 @@
+"""The decode step's small C loops (inferlab/model/glue.c, inferlab/attention/cpu_decode.c) against
+their torch references: RMSNorm, RoPE on the strided q/k views of a packed projection, and paged
+decode attention with ragged contexts, GQA and a sliding window; the places they step aside; and
+the model through them against transformers' (tests/models covers the rest)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferlab.attention import cpu_decode
+from inferlab.attention.paged import paged_decode as torch_paged_decode
+from inferlab.model import glue
+from inferlab.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from inferlab.native import library
+
+needs_c = pytest.mark.skipif(library(glue.SOURCE, ()) is None, reason="no C compiler")
+
+
+@needs_c
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 7, 64), (3, 2, 100)])
+def test_rms_norm_matches_torch(shape):
+    torch.manual_seed(sum(shape))
+    x, w = torch.randn(shape) * 3, torch.randn(shape[-1])
+    with torch.no_grad():
+        y = glue.rms_norm(x, w, 1e-5)
+    assert y is not None
+    torch.testing.assert_close(y, F.rms_norm(x, w.shape, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+@needs_c
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_rope_rotates_the_q_and_k_views_of_a_packed_projection_in_place(tokens):
+    torch.manual_seed(tokens)
+    hq, hkv, d = 9, 3, 64
+    packed = torch.randn(1, tokens, (hq + 2 * hkv) * d)
+    q, k, v = packed.split([hq * d, hkv * d, hkv * d], -1)
+    q = q.view(1, tokens, hq, d).transpose(1, 2)
+    k = k.view(1, tokens, hkv, d).transpose(1, 2)
+    v_before = v.clone()
+    positions = torch.arange(40, 40 + tokens)[None]
+    cos, sin = rope_cos_sin(rope_inv_freq(d, 1e5), positions, torch.float32)
+    want_q, want_k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    with torch.no_grad():
+        assert glue.rope_(cos, sin, q, k)
+    torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k, want_k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(v, v_before)  # the v part of the same buffer is left alone
+
+
+def _cache(num_slots, hkv, d):
+    return torch.randn(num_slots, hkv, d), torch.randn(num_slots, hkv, d)
+
+
+@needs_c
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 4), (8, 1)])
+def test_paged_decode_matches_the_torch_path_on_ragged_contexts(hq, hkv):
+    torch.manual_seed(hq * 10 + hkv)
+    d, bs = 64, 16
+    k_slots, v_slots = _cache(64 * bs, hkv, d)
+    lens = torch.tensor([37, 5, 64])
+    s = int(lens.max())
+    tables = torch.stack([torch.randperm(64)[:4] for _ in lens])  # scattered blocks
+    slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(lens), -1)[:, :s]
+    q = torch.randn(len(lens), hq, d)
+    bias = torch.zeros(len(lens), s).masked_fill_(torch.arange(s)[None] >= lens[:, None], float("-inf"))
+    with torch.no_grad():
+        got = cpu_decode.paged_decode(q, k_slots, v_slots, slots, lens)
+        want = torch_paged_decode(q, k_slots, v_slots, slots, bias[:, None, None])
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_c
+def test_paged_decode_under_a_sliding_window_sees_only_the_last_positions():
+    torch.manual_seed(3)
+    d, window = 32, 8
+    k_slots, v_slots = _cache(128, 2, d)
+    lens = torch.tensor([30, 6])
+    slots = torch.stack([torch.randperm(128)[:30], torch.randperm(128)[:30]])
+    q = torch.randn(2, 4, d)
+    pos = torch.arange(30)[None]
+    visible = (pos < lens[:, None]) & (pos > lens[:, None] - 1 - window)
+    bias = torch.zeros(2, 30).masked_fill_(~visible, float("-inf"))
+    with torch.no_grad():
+        got = cpu_decode.paged_decode(q, k_slots, v_slots, slots, lens, window)
+        want = torch_paged_decode(q, k_slots, v_slots, slots, bias[:, None, None])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_c
+def test_what_the_loops_do_not_take_goes_to_torch(monkeypatch):
+    x, w = torch.randn(1, 8), torch.randn(8)
+    cos = sin = torch.randn(1, 1, 1, 8)
+    with torch.no_grad():
+        assert glue.rms_norm(x.double(), w.double(), 1e-5) is None
+        assert glue.rms_norm(torch.randn(8, 2).T, w[:2], 1e-5) is None  # not contiguous
+        assert not glue.rope_(cos, sin, torch.randn(2, 1, 1, 8))  # a batch of two: positions differ
+        q = torch.randn(1, 1, 1, 8)
+        before = q.clone()
+        assert not glue.rope_(cos, sin, q, torch.randn(1, 1, 1, 8).double())  # one refused: none rotated
+        assert torch.equal(q, before)
+    assert glue.rms_norm(torch.randn(1, 8, requires_grad=True), w, 1e-5) is None  # autograd
+    for knob, value in (("INFERLAB_QUANT_KERNEL", "eager"), ("ATEN_CPU_CAPABILITY", "default")):
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setenv(knob, value)
+            assert glue.rms_norm(x, w, 1e-5) is None
+            assert cpu_decode.paged_decode(torch.randn(1, 2, 8), *_cache(4, 2, 8), torch.arange(4)[None],
+                                           torch.tensor([4])) is None
