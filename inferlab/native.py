@@ -38,9 +38,11 @@ def library(source: Path, signatures: tuple) -> ctypes.CDLL | None:
 
 def runs(*tensors: torch.Tensor) -> bool:
     """Whether a C call may take these tensors now (float32 on the CPU, no autograd, eager)."""
+    if torch.compiler.is_compiling():  # first: a compiled step never reads the environment here
+        return False
     from inferlab.quant import fused
     if fused.mode() != "auto" or os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
         return False
-    if torch.compiler.is_compiling() or torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
