@@ -40,6 +40,7 @@ import torch
 from inferlab.corpus import load_corpus
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
+from inferlab.engine.spec_decode import draft_model
 from inferlab.generate import generate
 from inferlab.llm import load_model
 from inferlab.model.loader import load_checkpoint
@@ -226,8 +227,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     given = prompts is not None
     params = params or SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)
-    dmodel = None if "draft" not in methods else layer_draft.attach(draft, model)
-    dmodel = load_checkpoint(draft, device="cpu")[0] if "draft" in methods and dmodel is None else dmodel
+    dmodel = draft_model(draft, model) if "draft" in methods else None
     heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
     edraft = quantize_like_target(load_eagle(eagle, model.config, model.device, model.dtype), model) \
         if "eagle" in methods else None
@@ -356,12 +356,8 @@ def main(argv: list[str]) -> int:
     if args.draft is None:
         args.draft = str(beside_target(args.target, "draft"))
         args.draft = args.draft if layer_draft.folder_of(args.draft) else "draft"
-    try:
-        if layer_draft.folder_of(args.draft):  # cut from this target: it must fit it
-            layer_draft.load(layer_draft.folder_of(args.draft), model)
-        else:
-            from inferlab.engine.draft import check_same_tokenizer
-            check_same_tokenizer(load_checkpoint(args.draft, device="cpu")[1], tok)
+    try:  # the draft must fit this target: cut from it, or with its tokenizer
+        draft_model(args.draft, model, tok)
     except (ValueError, InferlabError) as exc:
         methods.remove("draft")
         skipped["draft"] = f"{args.draft}: {str(exc).split(':')[0]}"

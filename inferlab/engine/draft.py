@@ -27,12 +27,8 @@ from inferlab.sampling import probs_from_logits
 
 
 class DraftProposer(Proposer):
-    def __init__(self, draft, target, num_blocks: int, block_size: int, draft_tokenizer=None, target_tokenizer=None):
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
-                             f"({target.config.vocab_size}): give a draft trained with the target's tokenizer")
-        if draft_tokenizer is not None and target_tokenizer is not None:
-            check_same_tokenizer(draft_tokenizer, target_tokenizer)
+    def __init__(self, draft, target, num_blocks: int, block_size: int):
+        """``draft`` as ``spec_decode.draft_model`` returns it: the target's vocabulary, checked there."""
         self.model = draft
         self.kv_cache = PagedKVCache.for_model(draft.config, num_blocks, block_size, target.dtype, target.device)
         self.runner = ModelRunner(draft, self.kv_cache)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from inferlab.engine.draft import DraftProposer
+from inferlab.engine.draft import DraftProposer, check_same_tokenizer
 from inferlab.engine.eagle import EagleProposer
 from inferlab.engine.medusa import MedusaProposer
 from inferlab.engine.proposer import PromptLookupProposer, Proposer
@@ -29,11 +29,7 @@ def make_proposer(config, model, tokenizer) -> Proposer | None:
     if spec.method == "ngram":
         return PromptLookupProposer(spec.make_proposer())
     if spec.method == "draft":
-        cut = layer_draft.attach(spec.model, model)  # a draft cut from the target shares its embedding
-        if cut is not None:
-            return DraftProposer(cut, model, config.num_kv_blocks, config.block_size)
-        draft, draft_tokenizer = load_checkpoint(spec.model, device=model.device, dtype=model.dtype)
-        return DraftProposer(draft, model, config.num_kv_blocks, config.block_size, draft_tokenizer, tokenizer)
+        return DraftProposer(draft_model(spec.model, model, tokenizer), model, config.num_kv_blocks, config.block_size)
     if spec.model is None:
         raise ValueError(f"the {spec.method} method needs its folder: give speculative_config 'model' "
                          f"(LLM(model=...) finds <model>_{spec.method} itself; train one with "
@@ -41,6 +37,24 @@ def make_proposer(config, model, tokenizer) -> Proposer | None:
     if spec.method == "eagle":
         return EagleProposer(model, spec.model, config.num_kv_blocks, config.block_size)
     return MedusaProposer(model, spec.model, spec.num_speculative_tokens)
+
+
+def draft_model(name, target, tokenizer=None):
+    """The draft model ``name`` means for ``target``: a layer draft cut from it (sharing its
+    embedding, packed and quantized as the target is; ``spec.layer_draft``), else a model folder
+    whose vocabulary must be the target's (its size, and its tokenizer's table when both
+    tokenizers are known). A draft that does not fit is a ValueError or
+    InferlabError that says what to do."""
+    cut = layer_draft.attach(name, target)
+    if cut is not None:
+        return cut
+    draft, draft_tokenizer = load_checkpoint(name, device=target.device, dtype=target.dtype)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+                         f"({target.config.vocab_size}): give a draft trained with the target's tokenizer")
+    if tokenizer is not None and draft_tokenizer is not None:
+        check_same_tokenizer(draft_tokenizer, tokenizer)
+    return draft
 
 
 def verify(out, ready: list[int], logits: torch.Tensor, starts: list[int], draft_probs: dict | None,
