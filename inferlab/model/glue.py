@@ -18,16 +18,14 @@ from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("glue.c")
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-
-
-def _lib():
-    return library(SOURCE, (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
-                            ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p))))
+_SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
+               ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """x / rms(x) * weight over the last dimension, or None where the C loop does not run."""
-    if not (runs(x, weight) and x.is_contiguous() and weight.is_contiguous()) or (lib := _lib()) is None:
+    if not (runs(x, weight) and x.is_contiguous() and weight.is_contiguous()) \
+            or (lib := library(SOURCE, _SIGNATURES)) is None:
         return None
     out = torch.empty_like(x)
     dim = x.shape[-1]
@@ -40,7 +38,8 @@ def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
     returns); an x may be a strided view, as the q and k parts of a packed projection are. False,
     and nothing rotated, where the C loop does not take them all (the caller runs ``apply_rope``)."""
     if not (cos.shape[0] == 1 and cos.is_contiguous() and sin.is_contiguous() and runs(cos, sin, *xs)
-            and all(x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 for x in xs)) or (lib := _lib()) is None:
+            and all(x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 for x in xs)) \
+            or (lib := library(SOURCE, _SIGNATURES)) is None:
         return False
     for x in xs:
         _, heads, tokens, d = x.shape
