@@ -9,11 +9,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import subprocess
 from pathlib import Path
 
 import torch
+
+from inferlab.loop_settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ def runs(*tensors: torch.Tensor) -> bool:
     """Whether a C call may take these tensors now (float32 on the CPU, no autograd, eager)."""
     if torch.compiler.is_compiling():  # first: a compiled step never reads the environment here
         return False
-    from inferlab.quant import fused
-    if fused.mode() != "auto" or os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+    now = settings()
+    if now.kernel != "auto" or now.capability == "default":
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False

@@ -18,6 +18,7 @@ from torch import nn
 
 from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttentionMetadata, TorchSDPABackend,
                                 attention_mask)
+from inferlab import loop_settings
 from inferlab.model import glue
 from inferlab.model.config import ModelConfig
 from inferlab.model.linear import LinearFactory, default_linear
@@ -158,6 +159,12 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, metadata: AttentionMetadata | PagedAttentionMetadata | None = None,
                 last_only: bool = False, logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # a graph reads the loop settings once, when it is traced
+            return self._forward(input_ids, metadata, last_only, logits_indices)
+        with loop_settings.held():  # the loop settings, read once for the whole pass
+            return self._forward(input_ids, metadata, last_only, logits_indices)
+
+    def _forward(self, input_ids, metadata, last_only, logits_indices) -> torch.Tensor:
         if metadata is None:
             b, t = input_ids.shape
             positions = torch.arange(t, device=input_ids.device).expand(b, t)

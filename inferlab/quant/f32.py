@@ -13,13 +13,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+from inferlab.loop_settings import settings
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
@@ -59,17 +59,20 @@ def _loop(capability: str) -> Loop | None:
 
 def loop() -> Loop | None:
     """The loop that runs here now (None: torch's F.linear does every product)."""
-    if fused.mode() != "auto":
+    now = settings()
+    if now.kernel != "auto":
         return None
-    return _loop(os.environ.get("ATEN_CPU_CAPABILITY", "").lower())
+    return _loop(now.capability)
 
 
 _loop_now = torch._dynamo.assume_constant_result(loop)
 
 
 def _gemv(found: Loop, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    y = torch.empty(x.shape[0], weight.shape[0])
-    found.function(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], y.data_ptr(),
+    """x [..., K] (contiguous, read in place as [rows, K]) @ weight^T -> [..., N]."""
+    K = x.shape[-1]
+    y = torch.empty((*x.shape[:-1], weight.shape[0]))
+    found.function(x.data_ptr(), x.numel() // K, K, weight.data_ptr(), weight.shape[0], y.data_ptr(),
                    torch.get_num_threads())
     return y
 
@@ -94,10 +97,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     found = _loop_now()
     if found is None or K % found.width:
         return None
-    x2 = x.reshape(rows, K)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    y = _OP(x2, weight) if torch.compiler.is_compiling() else _gemv(found, x2, weight)
-    if bias is not None:
-        y = y + bias
-    return y.view(*x.shape[:-1], weight.shape[0])
+    if torch.compiler.is_compiling():
+        y = _OP(x.reshape(rows, K).contiguous(), weight).view(*x.shape[:-1], weight.shape[0])
+    else:
+        y = _gemv(found, x if x.is_contiguous() else x.contiguous(), weight)
+    return y if bias is None else y + bias

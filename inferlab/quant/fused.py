@@ -25,6 +25,8 @@ import shutil
 
 import torch
 
+from inferlab.loop_settings import settings
+
 log = logging.getLogger(__name__)
 #: The most activation rows the compiled products (and W8A8) take: decode. Above this (prefill,
 #: perplexity, large batches) the reference runs, its one dequantization shared by many rows, so
@@ -239,8 +241,8 @@ def _compiled(fn, args):
 def mode() -> str:
     """``INFERLAB_QUANT_KERNEL``: ``auto`` (the default: ``inferlab.quant.vnni``'s kernels where the
     CPU has AVX-512 VNNI, else these compiled products), ``compiled`` (these only) or ``eager``
-    (the dequantize-then-matmul reference everywhere)."""
-    return os.environ.get("INFERLAB_QUANT_KERNEL", "auto").lower()
+    (the dequantize-then-matmul reference everywhere); read through ``inferlab.loop_settings``."""
+    return settings().kernel
 
 
 def _give_up(why: str) -> None:

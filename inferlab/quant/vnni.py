@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from inferlab.folders import cache_dir
+from inferlab.loop_settings import settings
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def _build(source: Path, flags: tuple[str, ...] = (), depends: tuple[Path, ...] 
 
 def build() -> str:
     """Which build of the loops is asked for: ``native`` (the CPU's best), ``avx2`` or ``portable``."""
-    name = os.environ.get("INFERLAB_VNNI_BUILD", "native").lower()
+    name = settings().build
     if name not in BUILDS:
         raise ValueError(f"inferlab: INFERLAB_VNNI_BUILD={name!r} is not a build; use one of {', '.join(BUILDS)}")
     return name
@@ -186,7 +187,7 @@ def available() -> bool:
 def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
     """A few rows of a CPU tensor without autograd, and the kernels here: cheap checks, in the order
     that fails fastest (a decode step calls this for every projection)."""
-    return (0 < fused.activation_rows(x) <= MAX_LOOP_ROWS and x.device.type == "cpu" and qweight.device.type == "cpu"
+    return (0 < fused.activation_rows(x) <= MAX_LOOP_ROWS and x.is_cpu and qweight.is_cpu
             and not (x.requires_grad and torch.is_grad_enabled()) and _available())
 
 
@@ -201,13 +202,32 @@ def nf4_available() -> bool:
 _nf4_available = torch._dynamo.assume_constant_result(nf4_available)
 
 
+_FUNCTIONS: dict = {}  # (library, loop name) -> its ctypes function, argument types declared
+
+
+def _function(name: str, args: tuple):
+    """``inferlab_<name>_gemv`` of the library in use, its argument types declared on first use (from
+    ``args``: a tensor is a pointer, an int a C int), so a call passes plain ints (a decode step makes
+    ~120 of these calls: building ctypes objects and looking the name up each time cost microseconds)."""
+    lib = _library()
+    loop = _FUNCTIONS.get((lib, name))
+    if loop is None:
+        loop = getattr(lib, f"inferlab_{name}_gemv")
+        ptr, c_int = ctypes.c_void_p, ctypes.c_int
+        loop.argtypes = [ptr, c_int, c_int, *(ptr if isinstance(a, torch.Tensor) else c_int for a in args), ptr, c_int]
+        _FUNCTIONS[(lib, name)] = loop
+    return loop
+
+
 def _run(name: str, x: torch.Tensor, n_out: int, *args) -> torch.Tensor:
     """Call ``inferlab_<name>_gemv``: every loop takes x, its rows and width, then its own arguments
-    (tensors as pointers, ints as C ints), then the output [rows, n_out] and the thread count."""
-    y = torch.empty(x.shape[0], n_out)
-    c_args = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in (x, *args, y)]
-    loop = getattr(_library(), f"inferlab_{name}_gemv")
-    if loop(c_args[0], x.shape[0], x.shape[1], *c_args[1:], torch.get_num_threads()):
+    (tensors as pointers, ints as C ints), then the output [rows, n_out] and the thread count.
+    x [..., K] is read in place as [rows, K] (contiguous), and y is [..., n_out]: no view is made."""
+    K = x.shape[-1]
+    y = torch.empty((*x.shape[:-1], n_out))
+    if _function(name, args)(x.data_ptr(), x.numel() // K, K,
+                             *[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args],
+                             y.data_ptr(), torch.get_num_threads()):
         raise MemoryError(f"inferlab: the {name} loop could not allocate its activation buffers")
     return y
 
@@ -229,7 +249,7 @@ def ggml_gemv(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.T
 
 def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
              blocksize: int) -> torch.Tensor:
-    n = absmax.shape[0] * blocksize // x.shape[1]  # blocks run over the flattened weight
+    n = absmax.shape[0] * blocksize // x.shape[-1]  # blocks run over the flattened weight
     return _run("nf4", x, n, qweight, absmax, code, n, blocksize)
 
 
@@ -244,6 +264,8 @@ for _fn, _op in _OPS.items():  # the output's shape, for tracing: [rows, N]
 def _call(fn, x: torch.Tensor, *args) -> torch.Tensor:
     """``fn`` on x viewed as [rows, K] float32: directly when eager (no dispatcher: microseconds
     count at this size), as its custom op inside a compiled step."""
+    if x.dtype is torch.float32 and x.is_contiguous() and not torch.compiler.is_compiling():
+        return fn(x, *args)  # the common case: x read in place, y made in its final shape
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != torch.float32 or not x2.is_contiguous():
         x2 = x2.float().contiguous()
