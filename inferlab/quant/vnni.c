@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PREFETCH_ROWS 8  /* ask for the codes of the row this many ahead: the hardware prefetcher alone leaves the loop waiting on memory */
 #ifdef INFERLAB_PORTABLE
@@ -31,13 +32,14 @@
 #define AVX512F
 int inferlab_vnni_supported(void) { return 1; }  /* plain C: runs on every CPU */
 #else
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define AVX512F __attribute__((target("avx512f,fma")))
 
 int inferlab_vnni_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
 }
 #endif
 
@@ -200,29 +202,76 @@ VNNI int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight
    fp16 min m): w = d * q + m. Either way the constant leaves the integer loop, once per block:
    sum (d q + c) xs xq = d xs sum q xq + c xs sum xq, with c = -8 d or m (llama.cpp's Q8_1
    activation blocks keep xs sum xq as their s for this). */
-VNNI INLINE void nibble_rows(const uint8_t *xq, const float *xs, const int32_t *xsum, int K, int B, const uint8_t *row,
+/* A block's scale d and constant c: w = d * q + c, with c = -8 d (Q4_0) or the stored min m (Q4_1). */
+VNNI INLINE void nibble_consts(const uint8_t *blk, const int has_min, float *d_out, float *c_out) {
+    const float d = f16_at(blk), c = has_min ? f16_at(blk + 2) : -8.f * d;
+    *d_out = d;
+    *c_out = c;
+}
+
+/* Two blocks (64 weights) per step. Their 32 bytes of nibbles unpack in one 256-bit register into
+   [low nibbles of both, high nibbles of both], one lane shuffle lays them out as x lies (block b's
+   32 codes, then block b + 1's), and one 512-bit vpdpbusd per row takes all 64. The four fp16
+   numbers of the pair (d and m of each block) convert in one instruction and meet the row's
+   [xs, xs * sum xq] of both blocks in one multiply: [d0 xs0, c0 xs0 s0, d1 xs1, c1 xs1 s1]; lanes 0
+   and 2, spread over the two halves of a 512-bit register, scale the products, and lanes 1 and 3
+   add up the constant's share. A block at a time, with the scales, the constant and the fp16
+   conversions in scalar code, the loop read Q4_1 at about 30 GB/s on a 2-core EPYC, where Q8_0's
+   simpler blocks reach memory speed (68): this one reads it at about 50. An odd last block takes
+   a 256-bit step. */
+VNNI INLINE void nibble_rows(const uint8_t *xq, const float *act, int K, int B, const uint8_t *row,
                              int row_bytes, float *y, int N, int n, int m0, const int MR, const int has_min) {
     const int block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2;
-    const __m128i low = _mm_set1_epi8(0x0F);
-    __m256 acc[4];
-    float offset[4];
-    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); offset[j] = 0.f; }
-    for (int b = 0; b < B; b++) {
-        const uint8_t *blk = row + b * block_bytes;
-        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
-        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-        const float d = f16_at(blk), c = has_min ? f16_at(blk + 2) : -8.f * d;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* [d, c] of each block from its fp16 pair: Q4_1 stores [d, m]; Q4_0 only d, taken twice, c = -8 d */
+    const __m128 dc_sign = has_min ? _mm_set1_ps(1.f) : _mm_set_ps(-8.f, 1.f, -8.f, 1.f);
+    __m512 acc[4];
+    __m128 off[4];
+    float tail[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); off[j] = _mm_setzero_ps(); tail[j] = 0.f; }
+    int b = 0;
+    for (; b + 2 <= B; b += 2) {
+        const uint8_t *b0 = row + b * block_bytes, *b1 = b0 + block_bytes;
+        if (m0 == 0) _mm_prefetch((const char *)(b0 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b1 + codes)),
+                                           _mm_loadu_si128((const __m128i *)(b0 + codes)));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);  /* lo0 lo1 hi0 hi1 */
+        const __m512i q = _mm512_shuffle_i64x2(both, both, 0xD8);                    /* lo0 hi0 lo1 hi1 */
+        int32_t h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        __m128i h = _mm_set_epi32(0, 0, h1, h0);                           /* fp16: d0 m0 d1 m1 */
+        if (!has_min) h = _mm_shufflelo_epi16(h, _MM_SHUFFLE(2, 2, 0, 0));  /* fp16: d0 d0 d1 d1 */
+        const __m128 dc = _mm_mul_ps(_mm_cvtph_ps(h), dc_sign);           /* d0 c0 d1 c1 */
         for (int j = 0; j < MR; j++) {
             const int m = m0 + j;
-            __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
-            __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb);
-            const float xsb = xs[m * B + b];
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xsb), acc[j]);
-            offset[j] += c * xsb * (float)xsum[m * B + b];
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q,
+                                                    _mm512_loadu_si512(xq + (size_t)m * K + b * 32));
+            const __m128 p = _mm_mul_ps(dc, _mm_loadu_ps(act + 2 * ((size_t)m * B + b)));
+            off[j] = _mm_add_ps(off[j], p);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(p)), acc[j]);
         }
     }
-    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) + offset[j];
+    if (b < B) {
+        const uint8_t *blk = row + b * block_bytes;
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low);  /* values i, then i + 16 */
+        float d, c;
+        nibble_consts(blk, has_min, &d, &c);
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
+            const float *a = act + 2 * ((size_t)m * B + b);
+            tail[j] = hsum256(_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xb))) * d * a[0] + c * a[1];
+        }
+    }
+    for (int j = 0; j < MR; j++) {
+        float o[4];
+        _mm_storeu_ps(o, off[j]);
+        y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]) + o[1] + o[3] + tail[j];
+    }
 }
 
 VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
@@ -230,11 +279,15 @@ VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     uint8_t *xq; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    float *act = malloc(sizeof(float) * 2 * (size_t)M * B);  /* per block of each row: xs, xs * sum xq */
+    if (!act) { free_activations(xq, xs, xsum); return -1; }
+    for (size_t i = 0; i < (size_t)M * B; i++) { act[2 * i] = xs[i]; act[2 * i + 1] = xs[i] * (float)xsum[i]; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-#define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
+#define NIBBLE_ROWS(R) nibble_rows(xq, act, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
         ROW_CHUNKS(M, NIBBLE_ROWS);
     }
+    free(act);
     free_activations(xq, xs, xsum);
     return 0;
 }

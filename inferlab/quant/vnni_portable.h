@@ -89,6 +89,38 @@ PORTABLE __m512i _mm512_cvtepi8_epi16(__m256i a) { __m512i r; for (int i = 0; i 
 PORTABLE __m512i _mm512_cvtepu8_epi32(__m128i a) { __m512i r; for (int i = 0; i < 16; i++) r.i32[i] = a.u8[i]; return r; }
 PORTABLE __m512i _mm512_zextsi256_si512(__m256i a) { __m512i r = _mm512_setzero_si512(); memcpy(&r, &a, 32); return r; }
 PORTABLE __m256i _mm256_set_m128i(__m128i hi, __m128i lo) { __m256i r; memcpy(r.u8, &lo, 16); memcpy(r.u8 + 16, &hi, 16); return r; }
+PORTABLE __m512i _mm512_castsi256_si512(__m256i a) { return _mm512_zextsi256_si512(a); }  /* upper half: undefined there, zero here */
+PORTABLE __m512i _mm512_inserti64x4(__m512i a, __m256i b, int hi) { memcpy(a.u8 + 32 * (hi & 1), &b, 32); return a; }
+/* lanes of 128 bits: the low two from a, the high two from b, each picked by two bits of imm */
+PORTABLE __m512i _mm512_shuffle_i64x2(__m512i a, __m512i b, int imm) {
+    __m512i r;
+    for (int i = 0; i < 4; i++) memcpy(r.u8 + 16 * i, (i < 2 ? a.u8 : b.u8) + 16 * ((imm >> (2 * i)) & 3), 16);
+    return r;
+}
+PORTABLE __m512 _mm512_insertf32x8(__m512 a, __m256 b, int hi) { memcpy(a.f + 8 * (hi & 1), b.f, 32); return a; }
+PORTABLE __m512i _mm512_set_epi32(int e15, int e14, int e13, int e12, int e11, int e10, int e9, int e8,
+                                  int e7, int e6, int e5, int e4, int e3, int e2, int e1, int e0) {
+    const int e[16] = {e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15};
+    __m512i r;
+    memcpy(r.i32, e, 64);
+    return r;
+}
+PORTABLE __m128i _mm_set_epi32(int e3, int e2, int e1, int e0) { __m128i r; r.i32[0] = e0; r.i32[1] = e1; r.i32[2] = e2; r.i32[3] = e3; return r; }
+#define _MM_SHUFFLE(z, y, x, w) (((z) << 6) | ((y) << 4) | ((x) << 2) | (w))
+/* the low four 16-bit lanes picked by two bits of imm each; the high four kept */
+PORTABLE __m128i _mm_shufflelo_epi16(__m128i a, int imm) {
+    __m128i r = a;
+    for (int i = 0; i < 4; i++) r.u16[i] = a.u16[(imm >> (2 * i)) & 3];
+    return r;
+}
+PORTABLE __m128 _mm_cvtph_ps(__m128i a) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = _cvtsh_ss(a.u16[i]); return r; }
+PORTABLE __m128 _mm_set1_ps(float v) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = v; return r; }
+PORTABLE __m128 _mm_set_ps(float e3, float e2, float e1, float e0) { __m128 r = {{e0, e1, e2, e3}}; return r; }
+PORTABLE __m128 _mm_setzero_ps(void) { return _mm_set1_ps(0.f); }
+PORTABLE __m128 _mm_loadu_ps(const float *p) { __m128 r; memcpy(r.f, p, 16); return r; }
+PORTABLE void _mm_storeu_ps(float *p, __m128 a) { memcpy(p, a.f, 16); }
+PORTABLE __m128 _mm_mul_ps(__m128 a, __m128 b) { for (int i = 0; i < 4; i++) a.f[i] *= b.f[i]; return a; }
+PORTABLE __m512 _mm512_castps128_ps512(__m128 a) { __m512 r; memset(&r, 0, 64); memcpy(r.f, a.f, 16); return r; }
 PORTABLE __m512 _mm512_permutexvar_ps(__m512i idx, __m512 a) { __m512 r; for (int i = 0; i < 16; i++) r.f[i] = a.f[idx.i32[i] & 15]; return r; }
 
 /* Float arithmetic: fmadd rounds once, as the instruction does. */

@@ -96,17 +96,18 @@ def test_int4_matches_its_arithmetic_and_the_reference(loops, group, bits, k, ro
     assert (out - ref).abs().max() > 0
 
 
-@pytest.mark.parametrize("ggml_type", ["q8_0", "q4_0", "q4_1", "q4_k"])
+@pytest.mark.parametrize("ggml_type,k", [("q8_0", 256), ("q4_0", 256), ("q4_1", 256), ("q4_k", 256),
+                                         ("q4_0", 96), ("q4_1", 96)])  # 96: Q4's pairs of blocks, then one left
 @pytest.mark.parametrize("rows", [1, 2, 5, vnni.MAX_LOOP_ROWS])
-def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(loops, ggml_type, rows):
+def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(loops, ggml_type, k, rows):
     """Activations rounded per block of 32, then the exact product with the dequantized blocks."""
     torch.manual_seed(rows)
-    mod = GGMLLinear.from_float(nn.Linear(256, 40, bias=True), ggml_type)
-    x = torch.randn(rows, 256) * torch.linspace(0.1, 3, 256)
-    xq, xs = _codes(x.view(rows, 8, 32))
+    mod = GGMLLinear.from_float(nn.Linear(k, 40, bias=True), ggml_type)
+    x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)
+    xq, xs = _codes(x.view(rows, k // 32, 32))
     with torch.inference_mode():
         out, ref = mod(x), mod.forward_reference(x)
-        model = (xq * xs).view(rows, 256) @ mod.dequantize().t()
+        model = (xq * xs).view(rows, k) @ mod.dequantize().t()
     torch.testing.assert_close(out - mod.bias, model, rtol=1e-4, atol=1e-4)
     assert ((out - ref).abs() <= _bound(x, mod.dequantize(), 32) + 1e-4).all()
     assert (out - ref).abs().max() > 0
