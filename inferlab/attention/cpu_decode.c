@@ -4,9 +4,9 @@
    The torch path (paged_decode in paged.py) gathers every context token's K and V into new
    tensors, then runs two batched matmuls and a softmax: seven kernels and two copies of the
    context per layer. At a decode step's sizes (9 query heads, a few hundred tokens) the work is
-   tens of microseconds and the dispatch is most of the time. Here each (sequence, K/V head) pair
-   reads its slots once: the G query heads that share the K/V head (GQA) score every key, a
-   softmax in float (max subtracted first), and the weighted sum of the values.
+   tens of microseconds and the dispatch is most of the time. Here each (sequence, query head)
+   reads its K/V head's slots in place: it scores every key, takes a softmax in float (max
+   subtracted first), and sums the values with those weights.
 
    q [B, Hq, D] and out [B, Hq, D] contiguous; k, v: one layer's cache as [slots, Hkv, D];
    slots [B, S] (int64): the cache slot of each context position, S the longest context;
@@ -16,8 +16,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#define MAX_GROUP 64  /* query heads per K/V head */
-#define LANES 8       /* independent partial sums: the compiler keeps them in one vector register */
+/* One build of the function per x86 level (AVX-512, AVX2 + FMA, baseline), picked when the library
+   loads: the loops below are plain C that the compiler vectorises for each. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+#define LANES 16  /* independent partial sums: one AVX-512 register, two AVX2 ones */
 
 static inline float dot(const float *a, const float *b, int D) {
     float acc[LANES] = {0};
@@ -30,46 +36,51 @@ static inline float dot(const float *a, const float *b, int D) {
     return s;
 }
 
-void inferlab_paged_decode(const float *q, const float *k, const float *v, const int64_t *slots,
-                           const int64_t *context_lens, int B, int Hq, int Hkv, int D, int S, int window,
-                           float scale, float *out, int nthreads) {
+/* Each (sequence, query head) is one piece of work, so the two threads of a batch of one share 9
+   heads rather than 3 K/V heads (a 2:1 split); the G heads that share a K/V head read its rows
+   G times, from cache. Scores live in one buffer per thread, grown as contexts grow. */
+CLONES void inferlab_paged_decode(const float *q, const float *k, const float *v, const int64_t *slots,
+                                  const int64_t *context_lens, int B, int Hq, int Hkv, int D, int S, int window,
+                                  float scale, float *out, int nthreads) {
     const int G = Hq / Hkv;
-    #pragma omp parallel for collapse(2) num_threads(nthreads) schedule(static) if (B * Hkv > 1)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < Hkv; h++) {
+    #pragma omp parallel num_threads(nthreads) if (B * Hq > 1)
+    {
+        float *scores = NULL;
+        int64_t capacity = 0;
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < B * Hq; bh++) {
+            const int b = bh / Hq, hq = bh % Hq, h = hq / G;
             const int64_t ctx = context_lens[b];
             const int64_t lo = window > 0 && ctx > window ? ctx - window : 0;
             const int64_t n = ctx - lo;
-            float *scores = malloc(sizeof(float) * (size_t)(G * n > 0 ? G * n : 1));
-            const float *qb = q + ((int64_t)b * Hq + (int64_t)h * G) * D;
-            float *ob = out + ((int64_t)b * Hq + (int64_t)h * G) * D;
-            float mx[MAX_GROUP], sum[MAX_GROUP];
-            for (int g = 0; g < G; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
-            for (int64_t p = 0; p < n; p++) {  /* scores: every query head of the group per key */
+            float *ob = out + ((int64_t)b * Hq + hq) * D;
+            for (int i = 0; i < D; i++) ob[i] = 0.0f;
+            if (n > capacity) {
+                float *grown = realloc(scores, sizeof(float) * (size_t)n);
+                if (!grown) continue;  /* out of memory: this head stays zero */
+                scores = grown;
+                capacity = n;
+            }
+            if (n <= 0) continue;
+            const float *qb = q + ((int64_t)b * Hq + hq) * D;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int64_t p = 0; p < n; p++) {  /* scores */
                 const float *kp = k + (slots[(int64_t)b * S + lo + p] * Hkv + h) * D;
-                for (int g = 0; g < G; g++) {
-                    const float sc = dot(qb + (int64_t)g * D, kp, D) * scale;
-                    scores[g * n + p] = sc;
-                    if (sc > mx[g]) mx[g] = sc;
-                }
+                const float sc = dot(qb, kp, D) * scale;
+                scores[p] = sc;
+                if (sc > mx) mx = sc;
             }
-            for (int g = 0; g < G; g++) {
-                for (int64_t p = 0; p < n; p++) {
-                    const float e = expf(scores[g * n + p] - mx[g]);
-                    scores[g * n + p] = e;
-                    sum[g] += e;
-                }
-                for (int i = 0; i < D; i++) ob[(int64_t)g * D + i] = 0.0f;
+            for (int64_t p = 0; p < n; p++) {  /* softmax, max subtracted first */
+                const float e = expf(scores[p] - mx);
+                scores[p] = e;
+                sum += e;
             }
-            for (int64_t p = 0; p < n; p++) {  /* the weighted values, each value row read once */
+            for (int64_t p = 0; p < n; p++) {  /* the weighted values */
                 const float *vp = v + (slots[(int64_t)b * S + lo + p] * Hkv + h) * D;
-                for (int g = 0; g < G; g++) {
-                    const float w = scores[g * n + p] / sum[g];
-                    float *og = ob + (int64_t)g * D;
-                    for (int i = 0; i < D; i++) og[i] += w * vp[i];
-                }
+                const float w = scores[p] / sum;
+                for (int i = 0; i < D; i++) ob[i] += w * vp[i];
             }
-            free(scores);
         }
+        free(scores);
     }
 }
