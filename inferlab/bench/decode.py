@@ -52,6 +52,7 @@ GOALS = [  # (model, what, ratio key, threshold)
     ("smollm2", "fp32, compiled step >= 0.8x llama.cpp F32", ("fp32", "compiled", "fp32", "llama.cpp"), 0.8),
     ("smollm2", "as stored (Q4_1) >= 0.8x llama.cpp on the same file", ("stored", "engine", "stored", "llama.cpp"), 0.8),
     ("smollm2", "q8_0 >= 0.8x llama.cpp Q8_0", ("q8_0", "engine", "q8_0", "llama.cpp"), 0.8),
+    ("smollm2", "q8_0, head too >= 0.8x llama.cpp on the same file", ("q8_0+head", "engine", "q8_0+head", "llama.cpp"), 0.8),
     ("smollm2", "int8 >= 2x inferlab fp32", ("int8", "engine", "fp32", "engine"), 2.0),
     ("smollm2", "int4 >= 3x inferlab fp32", ("int4", "engine", "fp32", "engine"), 3.0),
     ("target", "fp32 >= 0.5x llama.cpp F32", ("fp32", "engine", "fp32", "llama.cpp"), 0.5),
@@ -105,7 +106,7 @@ def _runs(model: str, precision: str, llm, ids: list[int], new_tokens: int, tmp:
     if precision in ("fp32", "fp16"):
         runs["transformers"] = _hf_run(model, llm, ids, new_tokens)
     if importlib.util.find_spec("llama_cpp") is not None:
-        if precision in ("fp32", "q8_0", "q4_0", "q4_1", "q4_k"):
+        if precision.partition("+")[0] in ("fp32", "q8_0", "q4_0", "q4_1", "q4_k"):  # "+head": its head written quantized too
             runs["llama.cpp"] = _llama_cpp_run(llm, precision, ids, new_tokens, tmp)
         elif precision == "stored" and gguf_loader.is_gguf(path := resolve_model_path(model)):
             from inferlab.quant import llama_cpp_runner  # llama.cpp on the very file
@@ -132,7 +133,8 @@ def _llama_cpp_run(llm, precision, ids, new_tokens, tmp):
     """llama.cpp's own timing of a greedy decode of the same GGUF weights."""
     from inferlab.quant import llama_cpp_runner
     from inferlab.quant.gguf_export import write_gguf
-    path = write_gguf(llm.model, llm.tokenizer, f"{tmp}/{precision}", "f32" if precision == "fp32" else precision)
+    method = precision.partition("+")[0]
+    path = write_gguf(llm.model, llm.tokenizer, f"{tmp}/{precision}", "f32" if method == "fp32" else method)
 
     # it times its own decode, with as many threads as this process has
     return lambda: llama_cpp_runner.run(path, ids, new_tokens, threads=torch.get_num_threads())["tokens_per_s"]
