@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PREFETCH_ROWS 8  /* as in vnni.c: ask for the codes of the row this many ahead */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -173,29 +174,62 @@ AVX2 int inferlab_q8_0_gemv(const float *x, int M, int K, const uint8_t *qweight
 
 /* Q4_0 (18-byte blocks, w = (q - 8) d) and Q4_1 (20 bytes, w = d q + m): 16 bytes of nibbles after
    the fp16 d (and m), code i low in byte i, code i + 16 high; the constant c = -8 d or m leaves the
-   integer loop once per block through the activations' sum (see vnni.c). */
-AVX2 INLINE void nibble_rows(const int8_t *xq, const float *xs, const int32_t *xsum, int K, int B, const uint8_t *row,
+   integer loop once per block through the activations' sum (see vnni.c). Blocks go in pairs, as in
+   vnni.c: the pair's four fp16 numbers convert in one instruction and meet the row's [xs, xs * sum xq]
+   of both blocks in one multiply, [d0 xs0, c0 xs0 s0, d1 xs1, c1 xs1 s1], whose lanes 0 and 2 scale
+   the two blocks' products and lanes 1 and 3 add up the constant; an odd last block goes alone. */
+AVX2 INLINE __m256i nibble_codes(const uint8_t *blk, int codes, __m128i low) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+}
+
+AVX2 INLINE void nibble_rows(const int8_t *xq, const float *act, int K, int B, const uint8_t *row,
                              int row_bytes, float *y, int N, int n, int m0, const int MR, const int has_min) {
     const int block_bytes = has_min ? 20 : 18, codes = has_min ? 4 : 2;
     const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128 dc_sign = has_min ? _mm_set1_ps(1.f) : _mm_set_ps(-8.f, 1.f, -8.f, 1.f);
     __m256 acc[4];
-    float offset[4];
-    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); offset[j] = 0.f; }
-    for (int b = 0; b < B; b++) {
+    __m128 off[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm256_setzero_ps(); off[j] = _mm_setzero_ps(); }
+    int b = 0;
+    for (; b + 2 <= B; b += 2) {
+        const uint8_t *b0 = row + b * block_bytes, *b1 = b0 + block_bytes;
+        if (m0 == 0) _mm_prefetch((const char *)(b0 + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
+        const __m256i q0 = nibble_codes(b0, codes, low), q1 = nibble_codes(b1, codes, low);
+        int32_t h0, h1;
+        memcpy(&h0, b0, 4);
+        memcpy(&h1, b1, 4);
+        __m128i h = _mm_set_epi32(0, 0, h1, h0);                           /* fp16: d0 m0 d1 m1 */
+        if (!has_min) h = _mm_shufflelo_epi16(h, _MM_SHUFFLE(2, 2, 0, 0));  /* fp16: d0 d0 d1 d1 */
+        const __m128 dc = _mm_mul_ps(_mm_cvtph_ps(h), dc_sign);           /* d0 c0 d1 c1 */
+        for (int j = 0; j < MR; j++) {
+            const int m = m0 + j;
+            const int8_t *xb = xq + (size_t)m * K + b * 32;
+            const __m128 p = _mm_mul_ps(dc, _mm_loadu_ps(act + 2 * ((size_t)m * B + b)));
+            off[j] = _mm_add_ps(off[j], p);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q0, _mm256_loadu_si256((const __m256i *)xb))),
+                                     _mm256_broadcastss_ps(p), acc[j]);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q1, _mm256_loadu_si256((const __m256i *)(xb + 32)))),
+                                     _mm256_broadcastss_ps(_mm_movehl_ps(p, p)), acc[j]);
+        }
+    }
+    float tail[4] = {0.f, 0.f, 0.f, 0.f};
+    if (b < B) {
         const uint8_t *blk = row + b * block_bytes;
-        if (m0 == 0) _mm_prefetch((const char *)(blk + (size_t)PREFETCH_ROWS * row_bytes), _MM_HINT_T0);
-        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + codes));
-        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        const __m256i q = nibble_codes(blk, codes, low);
         const float d = f16_at(blk), c = has_min ? f16_at(blk + 2) : -8.f * d;
         for (int j = 0; j < MR; j++) {
             const int m = m0 + j;
             const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (size_t)m * K + b * 32));
-            const float xsb = xs[m * B + b];
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q, xb)), _mm256_set1_ps(d * xsb), acc[j]);
-            offset[j] += c * xsb * (float)xsum[m * B + b];
+            const float *a = act + 2 * ((size_t)m * B + b);
+            tail[j] = hsum256(_mm256_cvtepi32_ps(dot_u8s8(q, xb))) * d * a[0] + c * a[1];
         }
     }
-    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) + offset[j];
+    for (int j = 0; j < MR; j++) {
+        float o[4];
+        _mm_storeu_ps(o, off[j]);
+        y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]) + o[1] + o[3] + tail[j];
+    }
 }
 
 AVX2 INLINE int nibble_blocks_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y,
@@ -203,11 +237,15 @@ AVX2 INLINE int nibble_blocks_gemv(const float *x, int M, int K, const uint8_t *
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     int8_t *xq; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    float *act = malloc(sizeof(float) * 2 * (size_t)M * B);  /* per block of each row: xs, xs * sum xq */
+    if (!act) { free_activations(xq, xs, xsum); return -1; }
+    for (size_t i = 0; i < (size_t)M * B; i++) { act[2 * i] = xs[i]; act[2 * i + 1] = xs[i] * (float)xsum[i]; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-#define NIBBLE_ROWS(R) nibble_rows(xq, xs, xsum, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
+#define NIBBLE_ROWS(R) nibble_rows(xq, act, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
         ROW_CHUNKS(M, NIBBLE_ROWS);
     }
+    free(act);
     free_activations(xq, xs, xsum);
     return 0;
 }
