@@ -237,9 +237,8 @@ AVX2 INLINE int nibble_blocks_gemv(const float *x, int M, int K, const uint8_t *
     const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     int8_t *xq; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
-    float *act = malloc(sizeof(float) * 2 * (size_t)M * B);  /* per block of each row: xs, xs * sum xq */
+    float *act = block_constants(xs, xsum, (size_t)M * B);
     if (!act) { free_activations(xq, xs, xsum); return -1; }
-    for (size_t i = 0; i < (size_t)M * B; i++) { act[2 * i] = xs[i]; act[2 * i + 1] = xs[i] * (float)xsum[i]; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
 #define NIBBLE_ROWS(R) nibble_rows(xq, act, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)

@@ -1,7 +1,8 @@
 /* What the decode loops of vnni.c (AVX-512 VNNI), avx2.c (AVX2) and neon.c (ARM) share: they
    multiply integer codes, so the few activation rows of a decode step are quantized first, by one
    quantizer; they take the rows in chunks of up to 4 (ROW_CHUNKS); and they read Q4_K's packed
-   sub-block scales the same way (q4_k_scale_min). */
+   sub-block scales the same way (q4_k_scale_min); the Q4_0/Q4_1 loops also share their per-block
+   activation constants (block_constants). */
 #ifndef INFERLAB_LOOPS_H
 #define INFERLAB_LOOPS_H
 #include <math.h>
@@ -62,6 +63,16 @@ static int quantized_activations(const float *x, int M, int K, int group, int le
     if (activation_buffers(M, K, group, levels > 127 ? 2 : 1, codes, xs, xsum)) return -1;
     quantize_activations(x, M, K, group, levels, split, shift, *codes, *xs, xsum ? *xsum : NULL);
     return 0;
+}
+
+/* What the Q4_0 and Q4_1 loops multiply a block's scale d and constant c by: for each group of each
+   row, [xs, xs * sum xq] side by side (sum (d q + c) xs xq = d xs sum q xq + c xs sum xq), so a pair
+   of blocks reads its four numbers in one load. NULL when it cannot allocate; free() gives it back. */
+static inline float *block_constants(const float *xs, const int32_t *xsum, size_t groups) {
+    float *act = malloc(sizeof(float) * 2 * groups);
+    if (act)
+        for (size_t i = 0; i < groups; i++) { act[2 * i] = xs[i]; act[2 * i + 1] = xs[i] * (float)xsum[i]; }
+    return act;
 }
 
 static void free_activations(void *codes, float *xs, int32_t *xsum) {

@@ -97,7 +97,6 @@ PORTABLE __m512i _mm512_shuffle_i64x2(__m512i a, __m512i b, int imm) {
     for (int i = 0; i < 4; i++) memcpy(r.u8 + 16 * i, (i < 2 ? a.u8 : b.u8) + 16 * ((imm >> (2 * i)) & 3), 16);
     return r;
 }
-PORTABLE __m512 _mm512_insertf32x8(__m512 a, __m256 b, int hi) { memcpy(a.f + 8 * (hi & 1), b.f, 32); return a; }
 PORTABLE __m512i _mm512_set_epi32(int e15, int e14, int e13, int e12, int e11, int e10, int e9, int e8,
                                   int e7, int e6, int e5, int e4, int e3, int e2, int e1, int e0) {
     const int e[16] = {e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15};
