@@ -2,26 +2,31 @@
 
 A deployment is a dict of switches, the engine's knobs plus the strategies of notebook 07:
 
-    quantization             None (fp32 on CPU, fp16 on a GPU), "int8", "awq", ... (inferlab.quant)
+    quantization             None (the checkpoint as it is: fp32, or a GGUF's blocks as stored), "none"
+                             (fp32; priced as fp16, what a GPU would run), "int8", "awq", ... (inferlab.quant)
     enable_prefix_caching    share the system prompt's KV blocks between requests
     batching_policy         "static" or "continuous"
     max_num_seqs             sequences per step
-    semantic_cache_threshold None, or serve FAQ answers at this cosine similarity (wordllama, scoped by topic)
-    router_threshold         None, or send requests whose small-model prompt NLL is <= this to the draft
+    semantic_cache_threshold None, or serve FAQ answers at this cosine similarity (the toy: wordllama, scoped
+                             by topic; a chat model: MiniLM, no scope)
+    router_threshold         None, or send requests whose small-model prompt NLL is <= this to the small model
     speculative              None, or n-gram speculative decoding as vLLM's speculative_config:
                              {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 
 ``serve`` drives the engine(s) one tick at a time (arrivals at their tick, then one step of each
 engine) and reports, per request, TTFT and TPOT in steps and in measured seconds; KV memory at
 its peak; the work done; and quality: agreement with a reference run's tokens and the wrong answers
-the cache served. ``cost`` prices the work as a memory-bound GPU would: every step of a model
-reads all its weights once, so a step costs its weight bytes (counted in fp16 steps of the large model).
+the cache served. A chat model's answers are also read (``Models``): the share that states the FAQ
+fact of the question's intent (grounded) and the perplexity of the FAQ's reference answers.
+``cost`` prices the work as a memory-bound GPU would: every step of a model reads all its weights
+once, so a step costs its weight bytes (counted in fp16 steps of the large model).
 A speculative step verifies every guess in that one read, so it costs what any step costs; the
 n-gram proposer reads no weights (a draft model would, which is why it is not offered here).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -34,9 +39,10 @@ from inferlab.strategy.router import route
 
 DEFAULT = {"quantization": None, "enable_prefix_caching": False, "batching_policy": "static", "max_num_seqs": 8,
            "semantic_cache_threshold": None, "router_threshold": None, "speculative": None}
-BITS = {None: 16, "int8": 8, "q8_0": 8.5, "awq": 4.25, "gptq": 4.25, "int4": 4.25, "nf4": 4.25, "q4_0": 4.5,
+BITS = {None: 16, "none": 16, "int8": 8, "q8_0": 8.5, "awq": 4.25, "gptq": 4.25, "int4": 4.25, "nf4": 4.25, "q4_0": 4.5,
         "q4_1": 5.0, "q4_k": 4.5}
 BLOCK_SIZE, MAX_MODEL_LEN = 16, 256
+CHAT_MAX_TOKENS, CHAT_MAX_MODEL_LEN = 48, 512  # a chat answer: one or two sentences after a ~250-token prompt
 
 
 def check(deployment: dict) -> dict:
@@ -67,18 +73,39 @@ def check(deployment: dict) -> dict:
 
 class Models:
     """Each (model, quantization) variant loaded and quantized once, reused by every run.
-    ``calibration``: (samples, tokens each) for the calibrated methods (AWQ, GPTQ)."""
 
-    def __init__(self, device: str | None = None, calibration: tuple[int, int] = (8, 256)):
+    ``large`` answers; ``small`` is the router's small model: a folder (quantized like the large
+    one) or a layer draft cut from the large model (``inferlab.spec.layer_draft``, e.g.
+    ``smollm2_draft``, which shares its tokenizer). ``calibration``: (samples, tokens each) for the
+    calibrated methods (AWQ, GPTQ). A model with a chat template (smollm2) is a *chat* deployment:
+    its prompts come from ``workload.ChatPrompter`` (which needs ``embedder`` to find the FAQ entry;
+    MiniLM by default), its answers are text scored for the FAQ fact, and its cost counts what its
+    tensors hold (a GGUF's blocks as stored; fp32 as fp16). quantization None is the checkpoint as
+    it is (fp32 for a folder, the GGUF's blocks for a GGUF); "none" is fp32 for both."""
+
+    def __init__(self, device: str | None = None, calibration: tuple[int, int] = (8, 256), large: str = "target",
+                 small: str = "draft", embedder=None):
         self.device, self.calibration, self._models = device, calibration, {}
+        self.large, self.small, self._embedder, self._prompter, self._nll = large, small, embedder, None, {}
+        tok = self.get(large, None)[1]
+        self.chat = getattr(tok, "chat_template", None) is not None
 
     def get(self, name: str, quantization: str | None):
         key = (name, quantization)
         if key not in self._models:
             from inferlab.model.loader import load_checkpoint
+            from inferlab.spec import layer_draft
 
-            model, tok = load_checkpoint(name, device=self.device)
-            if quantization is not None:
+            if name == self.small and layer_draft.folder_of(name) is not None:
+                # a small model that answers: the draft's layers with the large model's whole
+                # (tied) head, since its own head covers only the draft vocabulary
+                large, tok = self.get(self.large, quantization)
+                small = layer_draft.attach(name, large)
+                small.lm_head = large.lm_head
+                self._models[key] = (small, tok)
+                return self._models[key]
+            model, tok = load_checkpoint(name, device=self.device, dequantize=quantization is not None)
+            if quantization not in (None, "none"):
                 from inferlab.quant import quantize_model
 
                 n, length = self.calibration
@@ -86,13 +113,55 @@ class Models:
             self._models[key] = (model, tok)
         return self._models[key]
 
+    @property
+    def embedder(self):
+        """The sentence embedder of the chat prompts' FAQ retrieval and of the semantic cache
+        (default MiniLM, the measured choice of notebook 07)."""
+        if self._embedder is None:
+            from inferlab.strategy.embed import MiniLMEmbedder
+            self._embedder = MiniLMEmbedder()
+        return self._embedder
+
+    def prompter(self):
+        if self._prompter is None:
+            from inferlab.strategy.workload import ChatPrompter
+            self._prompter = ChatPrompter(self.get(self.large, None)[1], self.embedder)
+        return self._prompter
+
+    def reference_nll(self, name: str, quantization: str | None, prompt_ids: list[int], answer: str) -> tuple[float, int]:
+        """Summed NLL and token count of the FAQ ``answer`` after ``prompt_ids`` under one variant
+        (memoised: every row of one variant scores the same requests)."""
+        key = (name, quantization, tuple(prompt_ids), answer)
+        if key not in self._nll:
+            from inferlab.strategy.workload import answer_nll
+
+            model, tok = self.get(name, quantization)
+            self._nll[key] = answer_nll(model, list(prompt_ids), tok.encode(" " + answer, add_special_tokens=False))
+        return self._nll[key]
+
+
+def step_bytes(model) -> float:
+    """Weight bytes one decode step of ``model`` reads, priced as a GPU would pay them: what its
+    tensors hold (quantized blocks, scales), fp32 weights counted as fp16, a tied embedding once,
+    a draft's head by the rows it keeps."""
+    seen, total = set(), 0.0
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm", "guess_vocab")):
+            continue
+        if name == "model.embed_tokens.weight" and (head is None or head.data_ptr() != t.data_ptr()):
+            continue  # a lookup, one row per token
+        seen.add(t.data_ptr())
+        total += t.numel() * min(t.element_size(), 2 if t.is_floating_point() else t.element_size())
+    return total
+
 
 @torch.inference_mode()
-def prompt_nll(model, ids: list[int]) -> float:
-    """The router's signal: a model's mean NLL on the prompt (one prefill)."""
+def prompt_nll(model, ids: list[int], start: int = 1) -> float:
+    """The router's signal: a model's mean NLL on the prompt's tokens from ``start`` on (one prefill)."""
     x = torch.tensor([ids], device=model.device)
-    logits = model(x)[0, :-1].float()
-    return float(torch.nn.functional.cross_entropy(logits, x[0, 1:]))
+    logits = model(x)[0, start - 1:-1].float()
+    return float(torch.nn.functional.cross_entropy(logits, x[0, start:]))
 
 
 @dataclasses.dataclass
@@ -104,32 +173,39 @@ class _Req:
     finish: int | None = None
     tokens: list = dataclasses.field(default_factory=list)
     right: bool | None = None       # cache hits: was the answer the right one
+    served_intent: str | None = None  # cache hits: the intent whose answer was served
+    prompt_ids: list = dataclasses.field(default_factory=list)
 
 
 def serve(deployment: dict, workload: list[dict], models: Models, embedder=None, reference: dict | None = None) -> dict:
     """Run ``workload`` (``inferlab.strategy.workload``) under ``deployment``; see the module docstring.
-    ``reference``: {request id: token ids} of a reference run, for the agreement score."""
+    ``reference``: {request id: token ids} of a reference run, for the agreement score. ``embedder``:
+    the semantic cache's (default: wordllama for the toy, ``models.embedder`` for a chat model)."""
     d = check(deployment)
-    large, tok = models.get("target", d["quantization"])
-    knobs = dict(block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN, max_num_seqs=d["max_num_seqs"],
+    large, tok = models.get(models.large, d["quantization"])
+    knobs = dict(block_size=BLOCK_SIZE, max_model_len=CHAT_MAX_MODEL_LEN if models.chat else MAX_MODEL_LEN,
+                 max_num_seqs=d["max_num_seqs"],
                  enable_prefix_caching=d["enable_prefix_caching"], batching_policy=d["batching_policy"],
                  speculative_config=d["speculative"])
     engines = {"large": LLMEngine(large, tok, EngineConfig(**knobs))}
     small = None
     if d["router_threshold"] is not None:
-        small, _ = models.get("draft", d["quantization"])
+        small, _ = models.get(models.small, d["quantization"])
         engines["small"] = LLMEngine(small, tok, EngineConfig(**knobs))
+    prompter = models.prompter() if models.chat else None
     cache = None
     if d["semantic_cache_threshold"] is not None:
         from inferlab.strategy.semantic_cache import SemanticCache
         from inferlab.strategy.workload import faq
 
+        if embedder is None and prompter is not None:
+            embedder = models.embedder
         if embedder is None:
             from inferlab.strategy.embed import WordLlamaEmbedder
             embedder = WordLlamaEmbedder()
         cache = SemanticCache(embedder, threshold=float(d["semantic_cache_threshold"]), capacity=256)
         for s in faq():
-            cache.insert(s["question"], s["intent"], scope=s["topic"])
+            cache.insert(s["question"], s["intent"], scope=None if prompter else s["topic"])
     by_tick: dict[int, list] = {}
     for i, w in enumerate(workload):
         by_tick.setdefault(w["tick"], []).append((f"r{i}", w))
@@ -141,16 +217,23 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
         spent = 0.0
         for rid, w in by_tick.get(tick, ()):
             t0 = time.perf_counter()
-            if cache is not None:
-                hit = cache.lookup(w["question"], scope=w["topic"])
+            if cache is not None:  # a chat deployment's customer picks no menu: no topic scope
+                hit = cache.lookup(w["question"], scope=None if prompter else w["topic"])
                 if hit is not None:
-                    reqs[rid] = _Req(rid, tick, "cache", tick, tick, right=hit.answer == w["intent"])
+                    reqs[rid] = _Req(rid, tick, "cache", tick, tick, right=hit.answer == w["intent"],
+                                     served_intent=hit.answer)
                     spent += time.perf_counter() - t0
                     continue
-            ids = tok.encode(w["prompt"])
-            where = "large" if small is None else route(prompt_nll(small, ids), d["router_threshold"])
-            engines[where].add_request(rid, ids, SamplingParams(temperature=0, max_tokens=w["max_tokens"], ignore_eos=True))
-            reqs[rid] = _Req(rid, tick, where)
+            if prompter is None:
+                ids, params = tok.encode(w["prompt"]), SamplingParams(temperature=0, max_tokens=w["max_tokens"],
+                                                                      ignore_eos=True)
+            else:  # a real answer: it ends at the model's end of turn, within the chat budget
+                ids, start = prompter.parts(w["question"])
+                params = SamplingParams(temperature=0, max_tokens=CHAT_MAX_TOKENS, stop_token_ids=prompter.stop_ids())
+            where = "large" if small is None else route(prompt_nll(small, ids, start if prompter else 1),
+                                                         d["router_threshold"])
+            engines[where].add_request(rid, ids, params)
+            reqs[rid] = _Req(rid, tick, where, prompt_ids=ids)
             spent += time.perf_counter() - t0
         for name, e in engines.items():
             if not e.has_unfinished_requests():
@@ -168,7 +251,40 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
                     r.finish, r.tokens = tick, list(o.outputs[0].token_ids)
         tick_s.append(spent)
         tick += 1
-    return _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, reference)
+    report = _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, reference)
+    if prompter is not None:
+        report.update(_answer_quality(d, workload, reqs, models, prompter))
+    return report
+
+
+def _answer_quality(d, workload, reqs, models, prompter) -> dict:
+    """A chat deployment's answers as text, and the three quality measures of the capstone:
+    grounded (the answer states the fact of the question's labelled intent; out-of-scope requests,
+    which have no fact, are left out), and the perplexity of the FAQ's reference answers after each
+    generated request's own prompt, under the model that served it (cache hits serve the
+    reference itself and are left out). Agreement with a reference run is ``_report``'s."""
+    from inferlab.strategy import questions as Q
+    from inferlab.strategy.workload import ANSWER_START
+
+    data = Q.load()
+    answer_of = {it["name"]: it["answer"] for it in data["intents"]}
+    tok = models.get(models.large, d["quantization"])[1]
+    answers, grounded, nll, count = {}, [], 0.0, 0
+    for i, w in enumerate(workload):
+        r = reqs[f"r{i}"]
+        if r.where == "cache":
+            text = answer_of[r.served_intent]
+        else:
+            text = ANSWER_START + " " + tok.decode(r.tokens).strip()
+            if w["label"] is not None:
+                name = models.large if r.where == "large" else models.small
+                a, n = models.reference_nll(name, d["quantization"], r.prompt_ids, answer_of[w["label"]])
+                nll, count = nll + a, count + n
+        answers[r.rid] = text
+        if w["label"] is not None:
+            grounded.append(Q.grounded(text, w["label"], data))
+    return {"answers": answers, "grounded": float(np.mean(grounded)) if grounded else 0.0,
+            "grounded_requests": len(grounded), "reference_ppl": math.exp(nll / max(count, 1))}
 
 
 def _q(values, q):
@@ -194,9 +310,13 @@ def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, refe
     generated = sum(len(r.tokens) for r in reqs.values())
     seconds = float(cum[-1])
     kv_bytes = {n: e.kv_cache.nbytes // e.config.num_kv_blocks for n, e in engines.items()}  # per block
-    large = models.get("target", d["quantization"])[0]
-    weights = {n: e.model.num_parameters() * BITS[d["quantization"]] / 8 for n, e in engines.items()}
-    fp16_large = large.num_parameters() * 2
+    large = models.get(models.large, d["quantization"])[0]
+    if models.chat:  # what the tensors hold (a GGUF's blocks as stored), fp32 priced as fp16
+        weights = {n: step_bytes(e.model) for n, e in engines.items()}
+        fp16_large = step_bytes(models.get(models.large, "none")[0])
+    else:
+        weights = {n: e.model.num_parameters() * BITS[d["quantization"]] / 8 for n, e in engines.items()}
+        fp16_large = large.num_parameters() * 2
     served = [r for r in reqs.values() if r.where == "cache"]
     report = {
         "requests": len(reqs), "by": {w: sum(r.where == w for r in reqs.values()) for w in ("cache", "small", "large")},
@@ -205,7 +325,8 @@ def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, refe
         "tokens_per_step": generated / max(steps["large"] + steps.get("small", 0), 1),
         "kv_peak_blocks": sum(peak_blocks.values()),
         "kv_peak_bytes": sum(peak_blocks[n] * kv_bytes[n] for n in engines),
-        "kv_contiguous_bytes": sum(d["max_num_seqs"] * MAX_MODEL_LEN * kv_bytes[n] // BLOCK_SIZE for n in engines),
+        "kv_contiguous_bytes": sum(d["max_num_seqs"] * e.config.max_model_len * kv_bytes[n] // BLOCK_SIZE
+                                   for n, e in engines.items()),
         "ttft_steps_p50": _q(ttft_steps, 0.5), "ttft_steps_p99": _q(ttft_steps, 0.99),
         "ttft_s_p50": _q(ttft_s, 0.5), "ttft_s_p99": _q(ttft_s, 0.99),
         "tpot_steps_p50": _q(tpot_steps, 0.5), "tpot_steps_p99": _q(tpot_steps, 0.99),

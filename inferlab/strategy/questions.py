@@ -57,6 +57,18 @@ def split(data: dict | None = None) -> tuple[list[dict], list[Query]]:
     return seeds, queries
 
 
+def halves(queries: list[Query]) -> tuple[list[int], list[int]]:
+    """The two splits of ``queries``, by position: even (calibration: where a threshold is chosen)
+    and odd (held out: where it is checked, and what the capstone's customers ask)."""
+    return list(range(0, len(queries), 2)), list(range(1, len(queries), 2))
+
+
+def held_out_questions(data: dict | None = None) -> set[str]:
+    """The questions of the held-out half (``halves``), which no threshold was chosen on."""
+    _, queries = split(data)
+    return {queries[i].text for i in halves(queries)[1]}
+
+
 def nearest_table(embedder, seeds: list[dict], queries: list[Query], scoped: bool = False) -> dict:
     """For every query: the nearest seed's similarity and intent (within the query's topic if
     ``scoped``; an out-of-scope query then has no topic and nothing to match)."""
@@ -105,7 +117,7 @@ def calibrated(embedder, min_precision: float = 0.9, seeds: list[dict] | None = 
         seeds, queries = split()
     table = nearest_table(embedder, seeds, queries)
     right = np.array([p == t and t is not None for p, t in zip(table["intent"], table["truth"])])
-    cal, held = np.arange(0, len(queries), 2), np.arange(1, len(queries), 2)
+    cal, held = (np.array(h) for h in halves(queries))
     t = choose_threshold(table["similarity"][cal], right[cal], min_precision)
     served = serves(table["similarity"][held], t)
     kinds = np.array(["paraphrases" if queries[i].answerable else "near_misses" if queries[i].intent else "out_of_scope"

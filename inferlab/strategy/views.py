@@ -94,7 +94,10 @@ def router_view(curves: dict[str, list[dict]], start_share: float = 0.3) -> Live
     for k, name in enumerate(names):
         fig.add_scatter(mode="markers", name=f"{name} (now)", showlegend=False,
                         marker=dict(size=15, color=COLORS[k], symbol="circle-open", line=dict(width=3)), **traces[len(names) + k])
-    fig.add_hline(y=0.95, line=dict(dash="dot", color="grey"), annotation_text="95% of the large model's quality")
+    # the label sits under the line at the left, where every curve is far below it (little goes to the
+    # large model there), on a white box, so no curve runs through it
+    fig.add_hline(y=0.95, line=dict(dash="dot", color="grey"), annotation_text="95% of the large model's quality",
+                  annotation_position="bottom left", annotation_bgcolor="rgba(255,255,255,0.85)")
     fig.update_xaxes(title="cost (share of sending every request to the large model)")
     fig.update_yaxes(title="quality (large ppl / routed ppl)")
     plot = LiveFigure(style(fig, title))

@@ -1,0 +1,99 @@
+"""The capstone on a real chat model (smollm2): retrieval-augmented chat prompts, answers read as
+text, the three quality measures, the held-out workload and the priced bytes."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from inferlab.strategy import capstone as C, questions as Q
+from inferlab.strategy.workload import ANSWER_START, POLICIES, answer_nll, customer_workload
+
+
+def test_held_out_workload_asks_only_questions_no_threshold_saw():
+    held = Q.held_out_questions()
+    seeds, queries = Q.split()
+    cal, _ = Q.halves(queries)
+    assert held and held.isdisjoint({queries[i].text for i in cal}) and held.isdisjoint({s["question"] for s in seeds})
+    work = customer_workload(60, ticks=300, seed=5, held_out=True)
+    assert {w["question"] for w in work} <= held
+    # every request keeps its true intent as its label: near misses have one, out-of-scope ones do not
+    intents = {it["name"]: it for it in Q.load()["intents"]}
+    for w in work:
+        assert (w["label"] is None) == (w["topic"] is None)
+        if w["label"] is not None:
+            assert w["question"] in intents[w["label"]]["questions"]
+            assert w["intent"] in (None, w["label"]) and (w["intent"] is None) == (not intents[w["label"]]["cached"])
+    # the toy's default draw is unchanged by the new key
+    assert [w["question"] for w in customer_workload(20, ticks=80, seed=1)] == \
+           [w["question"] for w in customer_workload(20, ticks=80, seed=1, held_out=False)]
+
+
+def test_step_bytes_prices_fp32_as_fp16_and_counts_a_tied_table_once():
+    models = C.Models(device="cpu")
+    fp32, _ = models.get("target", None)
+    assert C.step_bytes(fp32) == 2 * fp32.num_parameters()
+    int8, _ = models.get("target", "int8")
+    assert C.step_bytes(int8) < 0.75 * C.step_bytes(fp32)
+
+
+@pytest.fixture(scope="module")
+def chat_models():
+    from inferlab.strategy.embed import MiniLMEmbedder
+
+    return C.Models(device="cpu", large="smollm2", small="smollm2_draft", embedder=MiniLMEmbedder())
+
+
+@pytest.mark.slow
+def test_answer_nll_scores_the_answer_tokens_only(chat_models):
+    model, tok = chat_models.get("smollm2", "none")  # fp32: one row and many round alike
+    prompt, answer = tok.encode("The capital of France is"), tok.encode(" Paris, of course.", add_special_tokens=False)
+    total, n = answer_nll(model, prompt, answer)
+    # the same sum, one next-token prediction at a time
+    ids, want = list(prompt), 0.0
+    with torch.inference_mode():
+        for t in answer:
+            logp = torch.log_softmax(model(torch.tensor([ids]))[0, -1].float(), -1)
+            want -= float(logp[t])
+            ids.append(t)
+    assert n == len(answer) and total == pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_chat_prompt_retrieves_the_entry_and_marks_the_question(chat_models):
+    p = chat_models.prompter()
+    assert p.entry("Please cancel my order, I changed my mind")[0] == "cancel_order"
+    q = "I forgot my password, what do I do?"
+    assert p.entry(q)[0] == "reset_password"
+    ids, start = p.parts(q)
+    tok = p.tokenizer
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert POLICIES in text and "Forgot password" in text and text.endswith(ANSWER_START)
+    assert tok.decode(ids[start:]).strip().startswith(q)
+
+
+@pytest.mark.slow
+def test_chat_deployment_serves_read_answers_with_three_quality_measures(chat_models):
+    work = customer_workload(6, ticks=12, seed=2, held_out=True)
+    base = C.serve({"quantization": None, "batching_policy": "continuous"}, work, chat_models)
+    assert set(base["answers"]) == {f"r{i}" for i in range(len(work))}
+    assert all(a.startswith(ANSWER_START) for a in base["answers"].values())
+    labelled = [i for i, w in enumerate(work) if w["label"] is not None]
+    assert base["grounded_requests"] == len(labelled)
+    want = np.mean([Q.grounded(base["answers"][f"r{i}"], work[i]["label"]) for i in labelled])
+    assert base["grounded"] == pytest.approx(want)
+    assert 1 < base["reference_ppl"] < 10 and all(len(t) <= C.CHAT_MAX_TOKENS for t in base["tokens"].values())
+    # a cache at a threshold every question passes serves the FAQ's own answers; an answer is grounded exactly
+    # when it is the answer of the question's own intent (a near miss served its neighbour's answer is not)
+    answer_of = {it["name"]: it["answer"] for it in Q.load()["intents"]}
+    many = customer_workload(40, ticks=80, seed=3, held_out=True)
+    hit = C.serve({"batching_policy": "continuous", "semantic_cache_threshold": -1.0}, many, chat_models)
+    assert hit["cache_hits"] == len(many) and set(hit["answers"].values()) <= set(answer_of.values())
+    assert hit["engine_steps"] == 0 and 0 < hit["wrong_answers"] < len(many)
+    right = [hit["answers"][f"r{i}"] == answer_of[w["label"]] for i, w in enumerate(many) if w["label"] is not None]
+    assert hit["grounded"] == pytest.approx(np.mean(right)) and 0 < hit["grounded"] < 1
+    # a router that sends everything to the small model: the reference answers are far less likely under it
+    small = C.serve({"batching_policy": "continuous", "router_threshold": math.inf}, work, chat_models,
+                    reference=base["tokens"])
+    assert small["by"]["small"] == len(work) and small["reference_ppl"] > 2 * base["reference_ppl"]
+    assert small["cost"] < base["cost"]
