@@ -1,6 +1,6 @@
 """Graded tests for lab 08. `inferlab grade labs/08_capstone` runs your deployment() from starter.py;
 with --reference, inferlab.strategy.capstone.reference_deployment (one of several that pass). Each
-test checks one part of the service target on the same run of the engine (the embedded target model)."""
+test checks one part of the service target on the same run of the engine (smollm2, answering)."""
 import pytest
 
 from inferlab import labkit
@@ -15,11 +15,8 @@ _runs: dict = {}
 
 @pytest.fixture(scope="module")
 def setting():
-    """The workload, the models (each variant loaded once) and the fp32 reference tokens."""
-    workload = customer_workload(**C.LAB_WORKLOAD)
-    models = C.Models(device="cpu")
-    reference = C.serve({"batching_policy": "continuous", "max_num_seqs": 16}, workload, models)["tokens"]
-    return workload, models, reference
+    """The workload and the models (each variant loaded once)."""
+    return customer_workload(**C.LAB_WORKLOAD), C.Models(device="cpu", **C.LAB_MODELS)
 
 
 def run(setting) -> dict:
@@ -31,7 +28,7 @@ def run(setting) -> dict:
         raise labkit.LabError(f"deployment() returned something the grader cannot run: {exc}") from None
     key = repr(sorted(checked.items()))
     if key not in _runs:
-        _runs[key] = C.serve(checked, setting[0], setting[1], reference=setting[2])
+        _runs[key] = C.serve(checked, setting[0], setting[1])
     return _runs[key]
 
 
@@ -77,11 +74,12 @@ def test_cost_budget(setting):
 @labkit.points(3)
 def test_quality(setting):
     r = run(setting)
-    labkit.expect(r.get("agreement", 1.0) >= T["agreement"],
-                  f"the engine's answers agree with fp32 greedy decoding on {r.get('agreement', 1.0):.1%} of their "
-                  f"tokens, the target is {T['agreement']:.0%}: this small model loses much more to 4-bit weights "
-                  "than a 7B one does, and the small model writes different answers", served_by=r["by"])
+    labkit.expect(r["grounded"] >= T["grounded"],
+                  f"{r['grounded']:.0%} of the in-scope answers state the FAQ fact their question needs, the target is "
+                  f"{T['grounded']:.0%}: smollm2 reads its FAQ entry poorly and grounds few of its own answers (notebook "
+                  "08), whatever the weights' format; the FAQ's own answers state their facts, and the semantic cache "
+                  "serves them", served_by=r["by"], cache_hits=r["cache_hits"])
     labkit.expect(r["wrong_answers"] <= T["wrong_answers"],
                   f"the semantic cache served {r['wrong_answers']} wrong answers (at most {T['wrong_answers']}): "
-                  "near misses sit as close as paraphrases, so a low threshold answers the wrong question",
-                  cache_hits=r["cache_hits"])
+                  "near misses sit as close as paraphrases, so a low threshold answers the wrong question; "
+                  "questions.calibrated gives the threshold with an error bound", cache_hits=r["cache_hits"])
