@@ -15,8 +15,9 @@ The toy target continues text, so its prompt is ``SYSTEM_PROMPT`` + the question
 (smollm2) gets ``ChatPrompter``'s conversation instead: the shop's policies as the shared system
 prompt, and in the user turn the FAQ entry nearest to the question (retrieval-augmented
 generation, Lewis et al. 2020) before the question itself. The entry goes where the model reads
-it: measured on smollm2 (fp32, greedy, 48 tokens, 50 questions), the whole FAQ as a 1,084-token
-system prompt gave 7 grounded answers of 50, the right entry in the user turn 16-17.
+it: measured on smollm2 as stored (Q4_1; greedy, 48 tokens, 50 questions), the whole FAQ as a
+1,084-token system prompt gave 7 grounded answers of 50 (fp32 too), the right entry in the user
+turn 16-17.
 """
 from __future__ import annotations
 
