@@ -140,18 +140,21 @@ def _llama_cpp_run(llm, precision, ids, new_tokens, tmp):
     return lambda: llama_cpp_runner.run(path, ids, new_tokens, threads=torch.get_num_threads())["tokens_per_s"]
 
 
-def weight_bytes_per_token(model) -> int:
+def weight_bytes_per_token(model, float_bytes: int | None = None) -> int:
     """Bytes a decode step reads from weights: every parameter and buffer, the (tied) embedding once;
-    an embedding table the head does not share is a lookup (one row per token) and is left out."""
+    an embedding table the head does not share is a lookup (one row per token) and is left out.
+    ``float_bytes``: price floating-point tensors at most this many bytes a value (2: fp32 weights
+    as the fp16 a GPU would read)."""
     seen, total = set(), 0
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm")):
+        if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm", "guess_vocab")):
             continue
         if name == "model.embed_tokens.weight" and (head is None or head.data_ptr() != t.data_ptr()):
             continue
         seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
+        size = t.element_size()
+        total += t.numel() * (min(size, float_bytes) if float_bytes and t.is_floating_point() else size)
     return total
 
 

@@ -143,17 +143,10 @@ class Models:
 def step_bytes(model) -> float:
     """Weight bytes one decode step of ``model`` reads, priced as a GPU would pay them: what its
     tensors hold (quantized blocks, scales), fp32 weights counted as fp16, a tied embedding once,
-    a draft's head by the rows it keeps."""
-    seen, total = set(), 0.0
-    head = getattr(getattr(model, "lm_head", None), "weight", None)
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.data_ptr() in seen or "rotary" in name or name.endswith(("inv_freq", "cos", "sin", "perm", "guess_vocab")):
-            continue
-        if name == "model.embed_tokens.weight" and (head is None or head.data_ptr() != t.data_ptr()):
-            continue  # a lookup, one row per token
-        seen.add(t.data_ptr())
-        total += t.numel() * min(t.element_size(), 2 if t.is_floating_point() else t.element_size())
-    return total
+    a draft's subset head by the rows it keeps (``bench.decode.weight_bytes_per_token``)."""
+    from inferlab.bench.decode import weight_bytes_per_token
+
+    return float(weight_bytes_per_token(model, float_bytes=2))
 
 
 @torch.inference_mode()
