@@ -133,8 +133,6 @@ class Models:
         (memoised: every row of one variant scores the same requests)."""
         key = (name, quantization, tuple(prompt_ids), answer)
         if key not in self._nll:
-            from inferlab.strategy.workload import answer_nll
-
             model, tok = self.get(name, quantization)
             self._nll[key] = answer_nll(model, list(prompt_ids), tok.encode(" " + answer, add_special_tokens=False))
         return self._nll[key]
@@ -150,11 +148,19 @@ def step_bytes(model) -> float:
 
 
 @torch.inference_mode()
+def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> tuple[float, int]:
+    """Summed NLL of ``answer_ids`` as the continuation of ``prompt_ids`` (one prefill), and its
+    token count: the reference answer's share of a perplexity."""
+    x = torch.tensor([prompt_ids + answer_ids], device=model.device)
+    logits = model(x)[0, len(prompt_ids) - 1:-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, x[0, len(prompt_ids):], reduction="sum")
+    return float(nll), len(answer_ids)
+
+
 def prompt_nll(model, ids: list[int], start: int = 1) -> float:
     """The router's signal: a model's mean NLL on the prompt's tokens from ``start`` on (one prefill)."""
-    x = torch.tensor([ids], device=model.device)
-    logits = model(x)[0, start - 1:-1].float()
-    return float(torch.nn.functional.cross_entropy(logits, x[0, start:]))
+    total, n = answer_nll(model, list(ids[:start]), list(ids[start:]))
+    return total / n
 
 
 @dataclasses.dataclass
@@ -217,14 +223,13 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
                                      served_intent=hit.answer)
                     spent += time.perf_counter() - t0
                     continue
-            if prompter is None:
-                ids, params = tok.encode(w["prompt"]), SamplingParams(temperature=0, max_tokens=w["max_tokens"],
-                                                                      ignore_eos=True)
+            if prompter is None:  # the toy continues text: every token after the first is scored
+                ids, start = tok.encode(w["prompt"]), 1
+                params = SamplingParams(temperature=0, max_tokens=w["max_tokens"], ignore_eos=True)
             else:  # a real answer: it ends at the model's end of turn, within the chat budget
                 ids, start = prompter.parts(w["question"])
                 params = SamplingParams(temperature=0, max_tokens=CHAT_MAX_TOKENS, stop_token_ids=prompter.stop_ids())
-            where = "large" if small is None else route(prompt_nll(small, ids, start if prompter else 1),
-                                                         d["router_threshold"])
+            where = "large" if small is None else route(prompt_nll(small, ids, start), d["router_threshold"])
             engines[where].add_request(rid, ids, params)
             reqs[rid] = _Req(rid, tick, where, prompt_ids=ids)
             spent += time.perf_counter() - t0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from inferlab.strategy import questions as Q
 
@@ -138,12 +137,3 @@ class ChatPrompter:
     def stop_ids(self) -> list[int]:
         return [t for t in (self.chat.end_of_turn_id,) if t is not None]
 
-
-@torch.inference_mode()
-def answer_nll(model, prompt_ids: list[int], answer_ids: list[int]) -> tuple[float, int]:
-    """Summed NLL of ``answer_ids`` as the continuation of ``prompt_ids`` (one prefill), and its
-    token count: the reference answer's share of a perplexity."""
-    x = torch.tensor([prompt_ids + answer_ids], device=model.device)
-    logits = model(x)[0, len(prompt_ids) - 1:-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, x[0, len(prompt_ids):], reduction="sum")
-    return float(nll), len(answer_ids)

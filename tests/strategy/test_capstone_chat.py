@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferlab.strategy import capstone as C, questions as Q
-from inferlab.strategy.workload import ANSWER_START, POLICIES, answer_nll, customer_workload
+from inferlab.strategy.workload import ANSWER_START, POLICIES, customer_workload
 
 
 def test_held_out_workload_asks_only_questions_no_threshold_saw():
@@ -48,7 +48,7 @@ def chat_models():
 def test_answer_nll_scores_the_answer_tokens_only(chat_models):
     model, tok = chat_models.get("smollm2", "none")  # fp32: one row and many round alike
     prompt, answer = tok.encode("The capital of France is"), tok.encode(" Paris, of course.", add_special_tokens=False)
-    total, n = answer_nll(model, prompt, answer)
+    total, n = C.answer_nll(model, prompt, answer)
     # the same sum, one next-token prediction at a time
     ids, want = list(prompt), 0.0
     with torch.inference_mode():
