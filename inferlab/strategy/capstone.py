@@ -267,7 +267,7 @@ def _answer_quality(d, workload, reqs, models, prompter) -> dict:
     data = Q.load()
     answer_of = {it["name"]: it["answer"] for it in data["intents"]}
     tok = models.get(models.large, d["quantization"])[1]
-    answers, grounded, nll, count = {}, [], 0.0, 0
+    answers, grounded, nll, count = {}, {}, 0.0, 0
     for i, w in enumerate(workload):
         r = reqs[f"r{i}"]
         if r.where == "cache":
@@ -280,8 +280,9 @@ def _answer_quality(d, workload, reqs, models, prompter) -> dict:
                 nll, count = nll + a, count + n
         answers[r.rid] = text
         if w["label"] is not None:
-            grounded.append(Q.grounded(text, w["label"], data))
-    return {"answers": answers, "grounded": float(np.mean(grounded)) if grounded else 0.0,
+            grounded[r.rid] = Q.grounded(text, w["label"], data)
+    return {"answers": answers, "grounded_by_request": grounded,
+            "grounded": float(np.mean(list(grounded.values()))) if grounded else 0.0,
             "grounded_requests": len(grounded), "reference_ppl": math.exp(nll / max(count, 1))}
 
 

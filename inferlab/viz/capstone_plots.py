@@ -12,17 +12,13 @@ import html
 
 import plotly.graph_objects as go
 
-from inferlab.strategy import questions as Q
 from inferlab.viz.figures import Live, LiveFigure, style
 
 
-def _marks(results: dict[str, dict], workload: list[dict], index: int) -> list[float | None]:
-    """1 or 0: is each deployment's answer to request ``index`` grounded; None when the question
-    has no FAQ fact (out of scope)."""
-    label = workload[index]["label"]
-    if label is None:
-        return [None] * len(results)
-    return [float(Q.grounded(r["answers"][f"r{index}"], label)) for r in results.values()]
+def _marks(results: dict[str, dict], index: int) -> list[float | None]:
+    """1 or 0: is each deployment's answer to request ``index`` grounded (the run's own check,
+    ``grounded_by_request``); None when the question has no FAQ fact (out of scope)."""
+    return [None if (g := r["grounded_by_request"].get(f"r{index}")) is None else float(g) for r in results.values()]
 
 
 def quality_figure(results: dict[str, dict], workload: list[dict], index: int | None = None) -> go.Figure:
@@ -30,7 +26,7 @@ def quality_figure(results: dict[str, dict], workload: list[dict], index: int | 
     names = list(results)
     fig = go.Figure()
     fig.add_bar(x=names, y=[round(r["grounded"], 3) for r in results.values()], name="grounded share, all requests")
-    marks = _marks(results, workload, index) if index is not None else [None] * len(names)
+    marks = _marks(results, index) if index is not None else [None] * len(names)
     shown = [(n, m, r["answers"][f"r{index}"]) for (n, r), m in zip(results.items(), marks) if m is not None]
     fig.add_scatter(x=[n for n, _, _ in shown], y=[m for _, m, _ in shown], mode="markers",
                     name="this request (1: grounded)", text=[a[:90] for _, _, a in shown],
@@ -48,7 +44,7 @@ def quality_figure(results: dict[str, dict], workload: list[dict], index: int | 
 def answers_table(results: dict[str, dict], workload: list[dict], index: int) -> str:
     """HTML: the question, its intent, and every deployment's answer with its grounded mark."""
     w = workload[index]
-    marks = _marks(results, workload, index)
+    marks = _marks(results, index)
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{html.escape(r['answers'][f'r{index}'])}</td>"
         f"<td>{'-' if m is None else 'yes' if m else 'no'}</td></tr>"

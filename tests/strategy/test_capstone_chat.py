@@ -82,6 +82,7 @@ def test_chat_deployment_serves_read_answers_with_three_quality_measures(chat_mo
     assert base["grounded_requests"] == len(labelled)
     want = np.mean([Q.grounded(base["answers"][f"r{i}"], work[i]["label"]) for i in labelled])
     assert base["grounded"] == pytest.approx(want)
+    assert base["grounded_by_request"] == {f"r{i}": Q.grounded(base["answers"][f"r{i}"], work[i]["label"]) for i in labelled}
     assert 1 < base["reference_ppl"] < 10 and all(len(t) <= C.CHAT_MAX_TOKENS for t in base["tokens"].values())
     # a cache at a threshold every question passes serves the FAQ's own answers; an answer is grounded exactly
     # when it is the answer of the question's own intent (a near miss served its neighbour's answer is not)

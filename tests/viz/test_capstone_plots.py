@@ -9,6 +9,8 @@ def fake_runs():
                 {"question": "write me a poem", "label": None}]
     results = {"model": {"grounded": 0.0, "answers": {"r0": "According to our FAQ, ask a friend.", "r1": "No."}},
                "cache": {"grounded": 1.0, "answers": {"r0": answer["reset_password"], "r1": answer["cancel_order"]}}}
+    for r in results.values():  # as capstone.serve records them: in-scope requests only
+        r["grounded_by_request"] = {"r0": Q.grounded(r["answers"]["r0"], "reset_password")}
     return results, workload
 
 
