@@ -63,21 +63,85 @@ def code_requests(source, n: int, prompt_len: int = 48, continuation_len: int = 
     return out
 
 
+def faq_requests(prompter, queries) -> list[tuple[list[int], list[int], int]]:
+    """(prompt, reference answer, question start) token triples for a chat model: each labelled
+    question (out-of-scope ones have no reference and are left out) as ``prompter`` builds its chat
+    prompt (``workload.ChatPrompter``), the FAQ's written answer of its intent as the continuation,
+    and where the customer's words start (the router reads only those: every prompt shares the rest)."""
+    from inferlab.strategy import questions as Q
+
+    answer = {it["name"]: it["answer"] for it in Q.load()["intents"]}
+    out = []
+    for q in queries:
+        if q.intent is None:
+            continue
+        ids, start = prompter.parts(q.text)
+        out.append((ids, prompter.tokenizer.encode(" " + answer[q.intent], add_special_tokens=False), start))
+    return out
+
+
+def _shared_prefix(requests) -> int:
+    """How many leading prompt tokens every request has in common (at most the earliest scored one)."""
+    first = requests[0][0]
+    n = min(len(r[0]) for r in requests)
+    for r in requests[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], r[0][:n])) if a != b), n)
+    return max(0, min([n] + [r[2] - 1 if len(r) > 2 else 0 for r in requests]))
+
+
 @torch.inference_mode()
-def score_requests(small, large, requests) -> dict:
-    """Teacher-forced over prompt + continuation, one batch per model: the small model's mean prompt
-    NLL (the routing signal), each model's mean NLL on the continuation, and the fraction of
-    continuation positions where the small model's argmax equals the large model's."""
-    p = len(requests[0][0])
-    x = torch.tensor([a + b for a, b in requests], device=small.device)
+def _score_one(model, requests, batch_size: int) -> tuple[list, list, list]:
+    """Per request: mean NLL over prompt[start:], mean NLL over the continuation, the continuation's
+    argmax tokens. The prefix all requests share is run once and its K/V copied to every row (what
+    prefix caching does in the engine); the rest is right-padded, which a causal model never sees."""
+    from inferlab.attention import AttentionMetadata
+    from inferlab.cache import ContiguousKVCache
+
+    shared, dev = _shared_prefix(requests), model.device
+    cfg = model.config
+    longest = max(len(r[0]) + len(r[1]) for r in requests)
+    if shared:
+        one = ContiguousKVCache.for_model(cfg, 1, shared, torch.float32, dev)
+        model(torch.tensor([requests[0][0][:shared]], device=dev),
+              AttentionMetadata(positions=torch.arange(shared, device=dev)[None], kv_cache=one))
+    prompt_nll, cont_nll, argmax = [], [], []
+    for i in range(0, len(requests), batch_size):
+        chunk = requests[i:i + batch_size]
+        rows = [r[0][shared:] + r[1] for r in chunk]
+        t = max(len(x) for x in rows)
+        x = torch.zeros(len(chunk), t, dtype=torch.long)
+        for j, row in enumerate(rows):
+            x[j, :len(row)] = torch.tensor(row)
+        cache = ContiguousKVCache.for_model(cfg, len(chunk), longest, torch.float32, dev)
+        if shared:
+            cache.k[:, :, :, :shared] = one.k
+            cache.v[:, :, :, :shared] = one.v
+        meta = AttentionMetadata(positions=torch.arange(shared, shared + t, device=dev).expand(len(chunk), t),
+                                 kv_cache=cache, cache_start=shared)
+        logits = model(x.to(dev), meta).float()
+        # logits[:, k] predicts the token at absolute position shared + k + 1
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:].to(dev), reduction="none")
+        for j, r in enumerate(chunk):
+            p, c = len(r[0]) - shared, len(r[1])
+            start = (r[2] if len(r) > 2 else 1) - shared
+            prompt_nll.append(float(nll[j, start - 1:p - 1].mean()))
+            cont_nll.append(float(nll[j, p - 1:p + c - 1].mean()))
+            argmax.append(logits[j, p - 1:p + c - 1].argmax(-1))
+    return prompt_nll, cont_nll, argmax
+
+
+def score_requests(small, large, requests, batch_size: int = 8) -> dict:
+    """Teacher-forced over prompt + continuation: the small model's mean prompt NLL (the routing
+    signal), each model's mean NLL on the continuation, and the fraction of continuation positions
+    where the small model's argmax equals the large model's. ``requests``: (prompt, continuation)
+    token lists (the signal reads the prompt from its second token), or (prompt, continuation,
+    start) triples whose signal reads ``prompt[start:]`` (``faq_requests``)."""
     out = {}
     for name, model in (("small", small), ("large", large)):
-        logits = model(x)[:, :-1].float()
-        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")  # [B, T-1]
-        out[f"{name}_prompt_nll"] = nll[:, :p - 1].mean(1).cpu().numpy()
-        out[f"{name}_nll"] = nll[:, p - 1:].mean(1).cpu().numpy()
-        out[f"{name}_argmax"] = logits[:, p - 1:].argmax(-1)
-    out["agreement"] = (out.pop("small_argmax") == out.pop("large_argmax")).float().mean(1).cpu().numpy()
+        p, c, a = _score_one(model, requests, batch_size)
+        out[f"{name}_prompt_nll"], out[f"{name}_nll"], out[f"{name}_argmax"] = np.array(p), np.array(c), a
+    out["agreement"] = np.array([float((a == b).float().mean())
+                                 for a, b in zip(out.pop("small_argmax"), out.pop("large_argmax"))])
     out["score"] = out["small_prompt_nll"]
     return out
 

@@ -84,3 +84,25 @@ def test_sweep_prices_a_mix_worked_by_hand():
     assert row["ppl"] == pytest.approx(math.exp(1.25))                       # mean of 1, 2, 0.5, 1.5
     assert row["quality"] == pytest.approx(math.exp(3.0) / math.exp(1.25))   # large alone: mean nll 3
     assert row["agreement"] == pytest.approx((0.5 + 0.25 + 1 + 1) / 4)       # the large model agrees with itself
+
+
+def test_shared_prefix_scores_match_transformers(pair, code):
+    """Chat requests share their system prompt: ``score_requests`` runs it once and copies its K/V to
+    every row. Requests of different lengths with a 20-token common prefix and a signal that starts
+    past it must score as transformers scores each request alone."""
+    transformers = pytest.importorskip("transformers")
+    small, large, _ = pair
+    cuts = R.code_requests(code, 5, prompt_len=30, continuation_len=12, seed=7)
+    prefix = cuts[0][0][:20]
+    reqs = [(prefix + p[:10 + k], c[:12 - k], 20 + k) for k, (p, c) in enumerate(cuts)]
+    assert R._shared_prefix(reqs) == 19   # the logit that scores token 20 comes from token 19: computed per row
+    table = R.score_requests(small, large, reqs, batch_size=2)
+    for name, key in (("target", "large"), ("draft", "small")):
+        hf = transformers.LlamaForCausalLM.from_pretrained(ASSETS / name, torch_dtype=torch.float32).eval()
+        for i, (p, c, start) in enumerate(reqs):
+            x = torch.tensor([p + c])
+            with torch.no_grad():
+                logp = torch.log_softmax(hf(x).logits[0, :-1].float(), -1)
+            nll = -logp.gather(-1, x[0, 1:, None])[:, 0]
+            assert table[f"{key}_nll"][i] == pytest.approx(float(nll[len(p) - 1:].mean()), rel=1e-4)
+            assert table[f"{key}_prompt_nll"][i] == pytest.approx(float(nll[start - 1:len(p) - 1].mean()), rel=1e-4)
