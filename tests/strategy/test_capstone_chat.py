@@ -73,6 +73,31 @@ def test_chat_prompt_retrieves_the_entry_and_marks_the_question(chat_models):
 
 
 @pytest.mark.slow
+def test_faq_requests_score_the_reference_answer_after_the_chat_prompt(chat_models):
+    """The router's chat requests: out-of-scope questions have no reference and are left out; each
+    other question's continuation is its intent's FAQ answer, and its scores equal the capstone's
+    own per-request NLLs (one forward each) although the shared system prompt runs once."""
+    from inferlab.strategy import router as R
+
+    p = chat_models.prompter()
+    large, tok = chat_models.get("smollm2", None)
+    small, _ = chat_models.get("smollm2_draft", None)
+    _, queries = Q.split()
+    picked = [q for q in queries if q.intent is None][:1] + [q for q in queries if q.intent is not None][::40]
+    reqs = R.faq_requests(p, picked)
+    assert len(reqs) == len(picked) - 1
+    answer = {it["name"]: it["answer"] for it in Q.load()["intents"]}
+    for (ids, cont, start), q in zip(reqs, picked[1:]):
+        assert (ids, start) == p.parts(q.text) and tok.decode(cont).strip() == answer[q.intent]
+    assert R._shared_prefix(reqs) > len(tok.encode(POLICIES))   # the system turn, at least, runs once
+    table = R.score_requests(small, large, reqs, batch_size=2)
+    for i, (ids, cont, start) in enumerate(reqs):
+        total, n = C.answer_nll(large, ids, cont)
+        assert table["large_nll"][i] == pytest.approx(total / n, rel=1e-3)
+        assert table["score"][i] == pytest.approx(C.prompt_nll(small, ids, start), rel=1e-3)
+
+
+@pytest.mark.slow
 def test_chat_deployment_serves_read_answers_with_three_quality_measures(chat_models):
     work = customer_workload(6, ticks=12, seed=2, held_out=True)
     base = C.serve({"quantization": None, "batching_policy": "continuous"}, work, chat_models)
