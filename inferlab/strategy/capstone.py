@@ -36,6 +36,7 @@ from inferlab.engine import EngineConfig, LLMEngine
 from inferlab.engine.policy import check_name as check_batching_policy
 from inferlab.sampling import SamplingParams
 from inferlab.strategy.router import route
+from inferlab.strategy.workload import THINK_TICKS
 
 DEFAULT = {"quantization": None, "enable_prefix_caching": False, "batching_policy": "static", "max_num_seqs": 8,
            "semantic_cache_threshold": None, "router_threshold": None, "speculative": None}
@@ -174,6 +175,7 @@ class _Req:
     right: bool | None = None       # cache hits: was the answer the right one
     served_intent: str | None = None  # cache hits: the intent whose answer was served
     prompt_ids: list = dataclasses.field(default_factory=list)
+    then: tuple | None = None       # a conversation's opening: (rid, request) of the turn that follows its reply
 
 
 def serve(deployment: dict, workload: list[dict], models: Models, embedder=None, reference: dict | None = None) -> dict:
@@ -207,31 +209,52 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
             cache.insert(s["question"], s["intent"], scope=None if prompter else s["topic"])
     by_tick: dict[int, list] = {}
     for i, w in enumerate(workload):
-        by_tick.setdefault(w["tick"], []).append((f"r{i}", w))
+        if w.get("turns") and prompter is None:
+            raise ValueError("a two-turn conversation needs a chat model (a tokenizer with a chat template), "
+                             "e.g. Models(large='smollm2')")
+        # a conversation's opening turn is r{i}a; its second turn (and every single question) is r{i}
+        by_tick.setdefault(w["tick"], []).append((f"r{i}a", w, 0) if w.get("turns") else (f"r{i}", w, None))
+    answer_of = {it["name"]: it["answer"] for it in _faq_intents()}
     reqs: dict[str, _Req] = {}
     tick_s, steps, peak_blocks = [], dict.fromkeys(engines, 0), dict.fromkeys(engines, 0)
-    last = max(by_tick)
+
+    def follow(r: _Req, tick: int):  # the customer reads the reply, then writes the next turn
+        if r.then is not None:
+            by_tick.setdefault(tick + THINK_TICKS, []).append(r.then)
+
     tick = 0
-    while tick <= last or any(e.has_unfinished_requests() for e in engines.values()):
+    while tick <= max(by_tick) or any(e.has_unfinished_requests() for e in engines.values()):
         spent = 0.0
-        for rid, w in by_tick.get(tick, ()):
+        for rid, w, turn in by_tick.get(tick, ()):
             t0 = time.perf_counter()
+            question = w["question"] if turn is None else w["turns"][turn]
+            lookup = " ".join(w["turns"][:turn + 1]) if turn is not None else question  # what was said so far
+            then = (rid[:-1], w, 1) if turn == 0 else None
+            opening = reqs.get(rid + "a") if turn == 1 else None
             if cache is not None:  # a chat deployment's customer picks no menu: no topic scope
-                hit = cache.lookup(w["question"], scope=None if prompter else w["topic"])
+                hit = cache.lookup(lookup, scope=None if prompter else w["topic"])
                 if hit is not None:
-                    reqs[rid] = _Req(rid, tick, "cache", tick, tick, right=hit.answer == w["intent"],
-                                     served_intent=hit.answer)
+                    r = reqs[rid] = _Req(rid, tick, "cache", tick, tick, right=hit.answer == w["intent"],
+                                         served_intent=hit.answer, then=then)
+                    if then is not None:  # the reply the next turn follows: the FAQ's answer
+                        r.prompt_ids = prompter.parts(question)[0]
+                        r.tokens = tok.encode(" " + answer_of[hit.answer], add_special_tokens=False)
+                        follow(r, tick)
                     spent += time.perf_counter() - t0
                     continue
             if prompter is None:  # the toy continues text: every token after the first is scored
                 ids, start = tok.encode(w["prompt"]), 1
                 params = SamplingParams(temperature=0, max_tokens=w["max_tokens"], ignore_eos=True)
             else:  # a real answer: it ends at the model's end of turn, within the chat budget
-                ids, start = prompter.parts(w["question"])
+                ids, start = (prompter.parts(question) if opening is None else
+                              prompter.follow_up(opening.prompt_ids, opening.tokens, question, lookup))
                 params = SamplingParams(temperature=0, max_tokens=CHAT_MAX_TOKENS, stop_token_ids=prompter.stop_ids())
-            where = "large" if small is None else route(prompt_nll(small, ids, start), d["router_threshold"])
+            if opening is not None and opening.where != "cache":
+                where = opening.where  # the conversation stays where its KV is
+            else:
+                where = "large" if small is None else route(prompt_nll(small, ids, start), d["router_threshold"])
             engines[where].add_request(rid, ids, params)
-            reqs[rid] = _Req(rid, tick, where, prompt_ids=ids)
+            reqs[rid] = _Req(rid, tick, where, prompt_ids=ids, then=then)
             spent += time.perf_counter() - t0
         for name, e in engines.items():
             if not e.has_unfinished_requests():
@@ -247,12 +270,19 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
                     r.first = tick
                 if o.finished:
                     r.finish, r.tokens = tick, list(o.outputs[0].token_ids)
+                    follow(r, tick)
         tick_s.append(spent)
         tick += 1
     report = _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, reference)
     if prompter is not None:
         report.update(_answer_quality(d, workload, reqs, models, prompter))
     return report
+
+
+def _faq_intents() -> list[dict]:
+    from inferlab.strategy import questions as Q
+
+    return Q.load()["intents"]
 
 
 def _answer_quality(d, workload, reqs, models, prompter) -> dict:
@@ -332,6 +362,7 @@ def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, refe
         "tpot_s_p50": _q(tpot_s, 0.5), "tpot_s_p99": _q(tpot_s, 0.99),
         "cost": sum(steps[n] * weights[n] for n in engines) / fp16_large,
         "cache_hits": len(served), "wrong_answers": sum(not r.right for r in served),
+        "prefix_hit_blocks": sum(e.block_manager.stats()["prefix_hits"] for e in engines.values()),
         "spec_acceptance": _acceptance(engines),
         "tokens": {r.rid: r.tokens for r in reqs.values() if r.where != "cache"},
     }

@@ -46,10 +46,14 @@ def peak_to_average() -> float:
 def customer_workload(n_requests: int = 64, ticks: int = 400, seed: int = 0, mean_output: float = 20,
                       min_output: int = 6, max_output: int = 40, zipf_s: float = 1.1,
                       near_miss_share: float = 0.15, out_of_scope_share: float = 0.05,
-                      held_out: bool = False) -> list[dict]:
+                      held_out: bool = False, conversations: int = 0) -> list[dict]:
     """``n_requests`` requests spread over one day of ``ticks`` engine steps (a seeded draw).
     ``held_out``: customers ask only the held-out half of the question set (``questions.halves``),
-    never a question the cache's threshold was calibrated on nor one that seeds the cache."""
+    never a question the cache's threshold was calibrated on nor one that seeds the cache.
+    ``conversations``: that many of the question set's two-turn exchanges join the day (a chat
+    model only), drawn apart so the single questions stay the same draw; each has ``turns`` (the
+    two user messages, the second sent ``THINK_TICKS`` after the first reply) and ``question``, the
+    second message, which decides the intent."""
     rng = np.random.default_rng(seed)
     data = Q.load()
     if held_out:
@@ -79,7 +83,24 @@ def customer_workload(n_requests: int = 64, ticks: int = 400, seed: int = 0, mea
         length = rng.lognormal(math.log(mean_output) - sigma ** 2 / 2, sigma)
         out.append({"tick": int(tick), "prompt": SYSTEM_PROMPT + question, "question": question, "intent": intent,
                     "label": label, "topic": topic, "max_tokens": int(np.clip(round(length), min_output, max_output))})
+    if conversations:
+        talks = Q.conversations(data)
+        if conversations > len(talks):
+            raise ValueError(f"the question set has {len(talks)} two-turn conversations, not {conversations}")
+        crng = np.random.default_rng(seed + 1)
+        by_name = {it["name"]: it for it in data["intents"]}
+        starts = np.sort(crng.choice(ticks, size=conversations, p=rate / rate.sum()))
+        for tick, k in zip(starts, crng.permutation(len(talks))[:conversations]):
+            c, it = talks[int(k)], by_name[talks[int(k)]["intent"]]
+            out.append({"tick": int(tick), "prompt": SYSTEM_PROMPT + " ".join(c["turns"]), "question": c["turns"][1],
+                        "turns": list(c["turns"]), "intent": it["name"] if it["cached"] else None,
+                        "label": it["name"], "topic": it["topic"], "max_tokens": max_output})
+        out.sort(key=lambda w: w["tick"])  # stable: a conversation goes after the questions of its tick
     return out
+
+
+#: Ticks between a reply and the customer's next message in a two-turn conversation.
+THINK_TICKS = 2
 
 
 def faq(data: dict | None = None) -> list[dict]:
@@ -128,11 +149,30 @@ class ChatPrompter:
     def parts(self, question: str) -> tuple[list[int], int]:
         """The prompt's token ids, and where the customer's question starts in them (the router
         scores only the question: every prompt shares the rest)."""
-        _, faq_q, faq_a = self.entry(question)
-        user = f"FAQ entry:\nQ: {faq_q}\nA: {faq_a}\n\nCustomer question: {question}"
-        text, ids = self.chat.prompt([{"role": "system", "content": POLICIES}, {"role": "user", "content": user}])
+        text, ids = self.chat.prompt([{"role": "system", "content": POLICIES},
+                                      {"role": "user", "content": self._user_turn(question, question)}])
         start = len(self.tokenizer.encode(text[:text.rindex(question)].rstrip(), add_special_tokens=False))
         return ids + self.start, start
+
+    def _user_turn(self, question: str, lookup: str) -> str:
+        _, faq_q, faq_a = self.entry(lookup)
+        return f"FAQ entry:\nQ: {faq_q}\nA: {faq_a}\n\nCustomer question: {question}"
+
+    def follow_up(self, history: list[int], answer: list[int], question: str, lookup: str) -> tuple[list[int], int]:
+        """The second turn of a conversation, as ``parts`` returns the first: ``history`` (the first
+        turn's prompt ids) and ``answer`` (the reply's token ids) are kept token for token, so
+        prefix caching serves the whole first exchange from the KV it already holds; then the
+        template's end of that reply and the next user turn, whose FAQ entry is retrieved for
+        ``lookup`` (what the customer has said so far: a follow-up rarely names its topic)."""
+        mark = "\x00reply\x00"
+        text, _ = self.chat.prompt([{"role": "system", "content": POLICIES}, {"role": "user", "content": "-"},
+                                    {"role": "assistant", "content": mark},
+                                    {"role": "user", "content": self._user_turn(question, lookup)}])
+        suffix = text[text.index(mark) + len(mark):]
+        end = self.chat.end_of_turn_id
+        head = list(history) + list(answer[:-1] if answer and answer[-1] == end else answer)
+        before = self.tokenizer.encode(suffix[:suffix.rindex(question)].rstrip(), add_special_tokens=False)
+        return head + self.tokenizer.encode(suffix, add_special_tokens=False) + self.start, len(head) + len(before)
 
     def stop_ids(self) -> list[int]:
         return [t for t in (self.chat.end_of_turn_id,) if t is not None]

@@ -123,3 +123,75 @@ def test_chat_deployment_serves_read_answers_with_three_quality_measures(chat_mo
                     reference=base["tokens"])
     assert small["by"]["small"] == len(work) and small["reference_ppl"] > 2 * base["reference_ppl"]
     assert small["cost"] < base["cost"]
+
+
+def test_conversations_join_the_day_without_changing_its_questions():
+    plain = customer_workload(16, ticks=80, seed=0, held_out=True)
+    both = customer_workload(16, ticks=80, seed=0, held_out=True, conversations=3)
+    talks = [w for w in both if "turns" in w]
+    assert [w for w in both if "turns" not in w] == plain and len(talks) == 3
+    assert [w["tick"] for w in both] == sorted(w["tick"] for w in both)
+    known = {tuple(c["turns"]): c["intent"] for c in Q.conversations()}
+    assert all(known[tuple(w["turns"])] == w["label"] and w["question"] == w["turns"][1] for w in talks)
+    with pytest.raises(ValueError, match="two-turn conversations"):
+        customer_workload(16, conversations=99)
+    with pytest.raises(ValueError, match="chat model"):
+        C.serve({}, both, C.Models(device="cpu"))   # the toy continues text: it cannot hold a conversation
+
+
+@pytest.mark.slow
+def test_follow_up_keeps_the_first_exchange_token_for_token(chat_models):
+    """The second turn's prompt is the first prompt and its reply, token for token (so prefix caching
+    reuses their KV), then the template's next user turn: decoded, it is the conversation as the
+    chat template renders it."""
+    from inferlab.model.chat import Chat
+
+    p = chat_models.prompter()
+    tok = p.tokenizer
+    first, second = "I need to send something back to you.", "It's the router I rented, my contract ended."
+    history, _ = p.parts(first)
+    reply = tok.encode(" you can return it within 30 days.", add_special_tokens=False) + p.stop_ids()
+    ids, start = p.follow_up(history, reply, second, f"{first} {second}")
+    assert ids[:len(history) + len(reply) - 1] == history + reply[:-1]
+    assert p.entry(f"{first} {second}")[0] == "return_rental_router"
+    user = lambda q, entry: f"FAQ entry:\nQ: {entry[1]}\nA: {entry[2]}\n\nCustomer question: {q}"  # noqa: E731
+    text, _ = Chat(tok).prompt([{"role": "system", "content": POLICIES},
+                                {"role": "user", "content": user(first, p.entry(first))},
+                                {"role": "assistant", "content": f" {ANSWER_START} you can return it within 30 days."},
+                                {"role": "user", "content": user(second, p.entry(f"{first} {second}"))}])
+    assert tok.decode(ids, skip_special_tokens=False) == text + " " + ANSWER_START
+    assert tok.decode(ids[start:]).strip().startswith(second)
+
+
+@pytest.mark.slow
+def test_a_conversation_is_served_turn_after_turn(chat_models):
+    """Both turns are answered, the second THINK_TICKS after the first reply; a cache that serves
+    everything answers both turns from the FAQ, wrongly here (the question set's conversations are
+    all near misses: the cache holds only their neighbours' answers)."""
+    from inferlab.strategy.workload import THINK_TICKS
+
+    talk = [w for w in customer_workload(16, ticks=80, seed=0, held_out=True, conversations=1) if "turns" in w]
+    talk[0]["tick"] = 0
+    run = C.serve({"batching_policy": "continuous", "enable_prefix_caching": True}, talk, chat_models)
+    assert run["requests"] == 2 and set(run["tokens"]) == {"r0a", "r0"} and set(run["grounded_by_request"]) == {"r0"}
+    # the reply's last token at tick len - 1, the next turn THINK_TICKS later, its reply one token a tick
+    assert run["ticks"] == len(run["tokens"]["r0a"]) - 1 + THINK_TICKS + len(run["tokens"]["r0"])
+    # the second turn's prompt starts with the whole first exchange: its full blocks come from the prefix cache
+    opening = len(chat_models.prompter().parts(talk[0]["turns"][0])[0]) + len(run["tokens"]["r0a"]) - 1
+    assert run["prefix_hit_blocks"] == opening // C.BLOCK_SIZE
+    hit = C.serve({"batching_policy": "continuous", "semantic_cache_threshold": -1.0}, talk, chat_models)
+    assert hit["cache_hits"] == 2 and hit["wrong_answers"] == 2 and hit["engine_steps"] == 0
+    # each turn looks up what the customer has said so far, not its last message alone
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.dim, self.texts = inner, inner.dim, []
+
+        def embed(self, texts):
+            self.texts += list(texts)
+            return self.inner.embed(texts)
+
+    seen = Recording(chat_models.embedder)
+    C.serve({"batching_policy": "continuous", "semantic_cache_threshold": 1.0}, talk, chat_models, embedder=seen)
+    turns = talk[0]["turns"]
+    assert [t for t in seen.texts if turns[0] in t] == [turns[0], " ".join(turns)]
+    assert hit["ticks"] == THINK_TICKS + 1
