@@ -363,6 +363,7 @@ def _report(d, workload, reqs, tick_s, steps, peak_blocks, engines, models, refe
         "cost": sum(steps[n] * weights[n] for n in engines) / fp16_large,
         "cache_hits": len(served), "wrong_answers": sum(not r.right for r in served),
         "prefix_hit_blocks": sum(e.block_manager.stats()["prefix_hits"] for e in engines.values()),
+        "prompt_tokens": sum(len(r.prompt_ids) for r in reqs.values() if r.where != "cache"),
         "spec_acceptance": _acceptance(engines),
         "tokens": {r.rid: r.tokens for r in reqs.values() if r.where != "cache"},
     }

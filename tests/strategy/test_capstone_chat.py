@@ -179,6 +179,10 @@ def test_a_conversation_is_served_turn_after_turn(chat_models):
     # the second turn's prompt starts with the whole first exchange: its full blocks come from the prefix cache
     opening = len(chat_models.prompter().parts(talk[0]["turns"][0])[0]) + len(run["tokens"]["r0a"]) - 1
     assert run["prefix_hit_blocks"] == opening // C.BLOCK_SIZE
+    p = chat_models.prompter()
+    first = p.parts(talk[0]["turns"][0])[0]
+    second = p.follow_up(first, run["tokens"]["r0a"], talk[0]["turns"][1], " ".join(talk[0]["turns"]))[0]
+    assert run["prompt_tokens"] == len(first) + len(second)
     hit = C.serve({"batching_policy": "continuous", "semantic_cache_threshold": -1.0}, talk, chat_models)
     assert hit["cache_hits"] == 2 and hit["wrong_answers"] == 2 and hit["engine_steps"] == 0
     # each turn looks up what the customer has said so far, not its last message alone
