@@ -132,11 +132,21 @@ class Models:
     def reference_nll(self, name: str, quantization: str | None, prompt_ids: list[int], answer: str) -> tuple[float, int]:
         """Summed NLL and token count of the FAQ ``answer`` after ``prompt_ids`` under one variant
         (memoised: every row of one variant scores the same requests)."""
-        key = (name, quantization, tuple(prompt_ids), answer)
-        if key not in self._nll:
+        return self.reference_nlls(name, quantization, [(prompt_ids, answer)])[0]
+
+    def reference_nlls(self, name: str, quantization: str | None, pairs: list[tuple[list[int], str]]) -> list:
+        """``reference_nll`` for many (prompt ids, answer) pairs: the ones not yet scored run in one
+        teacher-forced pass (``router.token_nlls``: their shared system prompt once, the rest batched)."""
+        from inferlab.strategy.router import token_nlls
+
+        keys = [(name, quantization, tuple(p), a) for p, a in pairs]
+        todo = list(dict.fromkeys(k for k in keys if k not in self._nll))
+        if todo:
             model, tok = self.get(name, quantization)
-            self._nll[key] = answer_nll(model, list(prompt_ids), tok.encode(" " + answer, add_special_tokens=False))
-        return self._nll[key]
+            reqs = [(list(k[2]), tok.encode(" " + k[3], add_special_tokens=False), len(k[2])) for k in todo]
+            for k, (nll, _) in zip(todo, token_nlls(model, reqs)):
+                self._nll[k] = (float(nll.sum()), len(nll))
+        return [self._nll[k] for k in keys]
 
 
 def step_bytes(model) -> float:
@@ -298,6 +308,11 @@ def _answer_quality(d, workload, reqs, models, prompter) -> dict:
     answer_of = {it["name"]: it["answer"] for it in data["intents"]}
     tok = models.get(models.large, d["quantization"])[1]
     answers, grounded, nll, count = {}, {}, 0.0, 0
+    scored = [(reqs[f"r{i}"], w) for i, w in enumerate(workload) if reqs[f"r{i}"].where != "cache" and w["label"] is not None]
+    for where in ("large", "small"):  # score each model's reference answers in one batched pass
+        pairs = [(r.prompt_ids, answer_of[w["label"]]) for r, w in scored if r.where == where]
+        if pairs:
+            models.reference_nlls(models.large if where == "large" else models.small, d["quantization"], pairs)
     for i, w in enumerate(workload):
         r = reqs[f"r{i}"]
         if r.where == "cache":

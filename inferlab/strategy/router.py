@@ -92,10 +92,12 @@ def _shared_prefix(requests) -> int:
 
 
 @torch.inference_mode()
-def _score_one(model, requests, batch_size: int) -> tuple[list, list, list]:
-    """Per request: mean NLL over prompt[start:], mean NLL over the continuation, the continuation's
-    argmax tokens. The prefix all requests share is run once and its K/V copied to every row (what
-    prefix caching does in the engine); the rest is right-padded, which a causal model never sees."""
+def token_nlls(model, requests, batch_size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Teacher-forced over each request's prompt + continuation: per request, the NLL of every token
+    from ``start`` on (the prompt's ``start``-th token: the third element of a triple, else 1) and the
+    model's argmax at those positions. The prefix all requests share is run once and its K/V
+    copied to every row (what prefix caching does in the engine); the rest is right-padded, which a
+    causal model never sees."""
     from inferlab.attention import AttentionMetadata
     from inferlab.cache import ContiguousKVCache
 
@@ -106,7 +108,7 @@ def _score_one(model, requests, batch_size: int) -> tuple[list, list, list]:
         one = ContiguousKVCache.for_model(cfg, 1, shared, torch.float32, dev)
         model(torch.tensor([requests[0][0][:shared]], device=dev),
               AttentionMetadata(positions=torch.arange(shared, device=dev)[None], kv_cache=one))
-    prompt_nll, cont_nll, argmax = [], [], []
+    out = []
     for i in range(0, len(requests), batch_size):
         chunk = requests[i:i + batch_size]
         rows = [r[0][shared:] + r[1] for r in chunk]
@@ -124,12 +126,9 @@ def _score_one(model, requests, batch_size: int) -> tuple[list, list, list]:
         # logits[:, k] predicts the token at absolute position shared + k + 1
         nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:].to(dev), reduction="none")
         for j, r in enumerate(chunk):
-            p, c = len(r[0]) - shared, len(r[1])
-            start = (r[2] if len(r) > 2 else 1) - shared
-            prompt_nll.append(float(nll[j, start - 1:p - 1].mean()))
-            cont_nll.append(float(nll[j, p - 1:p + c - 1].mean()))
-            argmax.append(logits[j, p - 1:p + c - 1].argmax(-1))
-    return prompt_nll, cont_nll, argmax
+            first, end = (r[2] if len(r) > 2 else 1) - shared - 1, len(rows[j]) - 1
+            out.append((nll[j, first:end], logits[j, first:end].argmax(-1)))
+    return out
 
 
 def score_requests(small, large, requests, batch_size: int = 8) -> dict:
@@ -140,8 +139,11 @@ def score_requests(small, large, requests, batch_size: int = 8) -> dict:
     start) triples whose signal reads ``prompt[start:]`` (``faq_requests``)."""
     out = {}
     for name, model in (("small", small), ("large", large)):
-        p, c, a = _score_one(model, requests, batch_size)
-        out[f"{name}_prompt_nll"], out[f"{name}_nll"], out[f"{name}_argmax"] = np.array(p), np.array(c), a
+        rows = token_nlls(model, requests, batch_size)
+        split = [len(r[0]) - (r[2] if len(r) > 2 else 1) for r in requests]  # prompt tokens scored
+        out[f"{name}_prompt_nll"] = np.array([float(n[:k].mean()) for (n, _), k in zip(rows, split)])
+        out[f"{name}_nll"] = np.array([float(n[k:].mean()) for (n, _), k in zip(rows, split)])
+        out[f"{name}_argmax"] = [a[k:] for (_, a), k in zip(rows, split)]
     out["agreement"] = np.array([float((a == b).float().mean())
                                  for a, b in zip(out.pop("small_argmax"), out.pop("large_argmax"))])
     out["score"] = out["small_prompt_nll"]

@@ -95,6 +95,12 @@ def test_faq_requests_score_the_reference_answer_after_the_chat_prompt(chat_mode
         total, n = C.answer_nll(large, ids, cont)
         assert table["large_nll"][i] == pytest.approx(total / n, rel=1e-3)
         assert table["score"][i] == pytest.approx(C.prompt_nll(small, ids, start), rel=1e-3)
+    # the capstone's batched reference scoring (a fresh Models: nothing memoised) gives the same sums
+    fresh = C.Models(device="cpu", large="smollm2", small="smollm2_draft", embedder=p.embedder)
+    got = fresh.reference_nlls("smollm2", None, [(ids, answer[q.intent]) for (ids, _, _), q in zip(reqs, picked[1:])])
+    for (total, n), (ids, cont, _) in zip(got, reqs):
+        want = C.answer_nll(large, ids, cont)
+        assert n == want[1] and total == pytest.approx(want[0], rel=1e-3)
 
 
 @pytest.mark.slow
