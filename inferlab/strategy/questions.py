@@ -162,3 +162,18 @@ def grounded(answer: str, intent: str, data: dict | None = None) -> bool:
 def conversations(data: dict | None = None) -> list[dict]:
     """The two-turn exchanges: {"intent", "turns": [first user message, second]}."""
     return list((data or load())["conversations"])
+
+
+def faq_requests(prompter, queries) -> list[tuple[list[int], list[int], int]]:
+    """(prompt, reference answer, question start) token triples for a chat model: each labelled
+    question (out-of-scope ones have no reference and are left out) as ``prompter`` builds its chat
+    prompt (``workload.ChatPrompter``), the FAQ's written answer of its intent as the continuation,
+    and where the customer's words start (the router reads only those: every prompt shares the rest)."""
+    answer = {it["name"]: it["answer"] for it in load()["intents"]}
+    out = []
+    for q in queries:
+        if q.intent is None:
+            continue
+        ids, start = prompter.parts(q.text)
+        out.append((ids, prompter.tokenizer.encode(" " + answer[q.intent], add_special_tokens=False), start))
+    return out

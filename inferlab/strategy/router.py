@@ -10,8 +10,8 @@ continuation and agreement with the large model's next-token choices.
 RouteLLM (Ong et al., 2024) learns the router from preference data and reports 35-85% cost saved
 at 95% of GPT-4's quality, where the small model answers most everyday questions almost as well.
 Notebook 07 prices smollm2 against its 3-layer draft on the FAQ's written answers
-(``faq_requests``): the draft's perplexity there is hundreds of times smollm2's, so nothing can
-move without losing quality. The embedded code pair (``code_requests``: its draft's perplexity is
+(``questions.faq_requests``): the draft's perplexity there is hundreds of times smollm2's, so
+nothing can move without losing quality. The embedded code pair (``code_requests``: its draft's perplexity is
 about 2.85x the target's) is what lab 07 grades a threshold on.
 """
 from __future__ import annotations
@@ -62,23 +62,6 @@ def code_requests(source, n: int, prompt_len: int = 48, continuation_len: int = 
         s = streams[int(rng.integers(len(streams)))]
         start = int(rng.integers(len(s) - prompt_len - continuation_len))
         out.append((s[start:start + prompt_len], s[start + prompt_len:start + prompt_len + continuation_len]))
-    return out
-
-
-def faq_requests(prompter, queries) -> list[tuple[list[int], list[int], int]]:
-    """(prompt, reference answer, question start) token triples for a chat model: each labelled
-    question (out-of-scope ones have no reference and are left out) as ``prompter`` builds its chat
-    prompt (``workload.ChatPrompter``), the FAQ's written answer of its intent as the continuation,
-    and where the customer's words start (the router reads only those: every prompt shares the rest)."""
-    from inferlab.strategy import questions as Q
-
-    answer = {it["name"]: it["answer"] for it in Q.load()["intents"]}
-    out = []
-    for q in queries:
-        if q.intent is None:
-            continue
-        ids, start = prompter.parts(q.text)
-        out.append((ids, prompter.tokenizer.encode(" " + answer[q.intent], add_special_tokens=False), start))
     return out
 
 
@@ -136,7 +119,7 @@ def score_requests(small, large, requests, batch_size: int = 8) -> dict:
     signal), each model's mean NLL on the continuation, and the fraction of continuation positions
     where the small model's argmax equals the large model's. ``requests``: (prompt, continuation)
     token lists (the signal reads the prompt from its second token), or (prompt, continuation,
-    start) triples whose signal reads ``prompt[start:]`` (``faq_requests``)."""
+    start) triples whose signal reads ``prompt[start:]`` (``questions.faq_requests``)."""
     out = {}
     for name, model in (("small", small), ("large", large)):
         rows = token_nlls(model, requests, batch_size)

@@ -84,7 +84,7 @@ def test_faq_requests_score_the_reference_answer_after_the_chat_prompt(chat_mode
     small, _ = chat_models.get("smollm2_draft", None)
     _, queries = Q.split()
     picked = [q for q in queries if q.intent is None][:1] + [q for q in queries if q.intent is not None][::40]
-    reqs = R.faq_requests(p, picked)
+    reqs = Q.faq_requests(p, picked)
     assert len(reqs) == len(picked) - 1
     answer = {it["name"]: it["answer"] for it in Q.load()["intents"]}
     for (ids, cont, start), q in zip(reqs, picked[1:]):
