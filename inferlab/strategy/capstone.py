@@ -224,7 +224,9 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
                              "e.g. Models(large='smollm2')")
         # a conversation's opening turn is r{i}a; its second turn (and every single question) is r{i}
         by_tick.setdefault(w["tick"], []).append((f"r{i}a", w, 0) if w.get("turns") else (f"r{i}", w, None))
-    answer_of = {it["name"]: it["answer"] for it in _faq_intents()}
+    from inferlab.strategy.questions import answers
+
+    answer_of = answers()
     reqs: dict[str, _Req] = {}
     tick_s, steps, peak_blocks = [], dict.fromkeys(engines, 0), dict.fromkeys(engines, 0)
 
@@ -289,12 +291,6 @@ def serve(deployment: dict, workload: list[dict], models: Models, embedder=None,
     return report
 
 
-def _faq_intents() -> list[dict]:
-    from inferlab.strategy import questions as Q
-
-    return Q.load()["intents"]
-
-
 def _answer_quality(d, workload, reqs, models, prompter) -> dict:
     """A chat deployment's answers as text, and the three quality measures of the capstone:
     grounded (the answer states the fact of the question's labelled intent; out-of-scope requests,
@@ -305,7 +301,7 @@ def _answer_quality(d, workload, reqs, models, prompter) -> dict:
     from inferlab.strategy.workload import ANSWER_START
 
     data = Q.load()
-    answer_of = {it["name"]: it["answer"] for it in data["intents"]}
+    answer_of = Q.answers(data)
     tok = models.get(models.large, d["quantization"])[1]
     answers, grounded, nll, count = {}, {}, 0.0, 0
     scored = [(reqs[f"r{i}"], w) for i, w in enumerate(workload) if reqs[f"r{i}"].where != "cache" and w["label"] is not None]

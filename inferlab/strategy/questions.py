@@ -164,12 +164,17 @@ def conversations(data: dict | None = None) -> list[dict]:
     return list((data or load())["conversations"])
 
 
+def answers(data: dict | None = None) -> dict[str, str]:
+    """{intent name: the FAQ's written answer}, for every intent (cached or not)."""
+    return {it["name"]: it["answer"] for it in (data or load())["intents"]}
+
+
 def faq_requests(prompter, queries) -> list[tuple[list[int], list[int], int]]:
     """(prompt, reference answer, question start) token triples for a chat model: each labelled
     question (out-of-scope ones have no reference and are left out) as ``prompter`` builds its chat
     prompt (``workload.ChatPrompter``), the FAQ's written answer of its intent as the continuation,
     and where the customer's words start (the router reads only those: every prompt shares the rest)."""
-    answer = {it["name"]: it["answer"] for it in load()["intents"]}
+    answer = answers()
     out = []
     for q in queries:
         if q.intent is None:
