@@ -2,9 +2,9 @@
 
 Both methods look at what each linear layer actually receives: a few dozen windows of the corpus'
 *train* split (never the test split the perplexity is measured on) are run through the model, and
-forward hooks record each linear's inputs. Layers are processed in order, and capture for layer i
-stops the forward pass right after that layer, so earlier (already quantized) layers shape the
-inputs later layers are fitted to.
+forward hooks record each linear's inputs. Layers are processed in order, each on the previous layer's
+outputs (``LayerInputs``), so earlier (already quantized) layers shape the inputs later layers are
+fitted to.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from inferlab import corpus
+from inferlab import corpus, loop_settings
 
 
 def calibration_tokens(tokenizer, n_samples: int = 64, seq_len: int = 512, seed: int = 0,
@@ -43,7 +43,8 @@ class _StopForward(Exception):
 @torch.no_grad()
 def run_through_layer(model, tokens: torch.Tensor, layer_idx: int, batch_size: int = 8) -> None:
     """Run calibration ``tokens`` through the model, stopping after decoder layer ``layer_idx``
-    (the hooks registered on that layer's linears see every batch)."""
+    (the hooks registered on that layer's linears see every batch): a one-off look at one layer's
+    inputs. The quantizers, which visit every layer, carry the inputs instead (``LayerInputs``)."""
     layer = model.model.layers[layer_idx]
 
     def stop(module, args, output):
@@ -58,6 +59,47 @@ def run_through_layer(model, tokens: torch.Tensor, layer_idx: int, batch_size: i
                 pass
     finally:
         handle.remove()
+
+
+class LayerInputs:
+    """The calibration batches' hidden states at the input of one decoder layer, carried forward.
+
+    The model runs once, up to the first decoder layer; after that each layer runs on what the
+    previous one returned, as the reference implementations of GPTQ and AWQ do. Calibrating L
+    layers then costs 2L layer forwards (one to capture, one to advance with the changed layer),
+    where re-running the model up to each layer cost L(L+1)/2 layer forwards."""
+
+    def __init__(self, model, tokens: torch.Tensor, batch_size: int = 8):
+        self.model, self.layer, self.batches = model, 0, []
+
+        def grab(module, args):
+            self.batches.append(list(args))  # (hidden states, cos, sin, attention metadata)
+            raise _StopForward
+
+        handle = model.model.layers[0].register_forward_pre_hook(grab)
+        try:
+            with torch.no_grad():
+                for i in range(0, len(tokens), batch_size):
+                    try:
+                        model(tokens[i:i + batch_size].to(model.device))
+                    except _StopForward:
+                        pass
+        finally:
+            handle.remove()
+
+    @torch.no_grad()
+    def run(self, keep: bool = False) -> None:
+        """Run the current layer on every batch (hooks on its linears see each one); with ``keep``,
+        its outputs become the next layer's inputs. Call ``run()`` to capture, change the layer,
+        then ``run(keep=True)``, so later layers are fitted to what the changed layer produces."""
+        layer = self.model.model.layers[self.layer]
+        with loop_settings.held():
+            for args in self.batches:
+                out = layer(*args)
+                if keep:
+                    args[0] = out
+        if keep:
+            self.layer += 1
 
 
 def capture_inputs(modules: dict[str, nn.Module], on_input) -> list:

@@ -114,13 +114,14 @@ def _layer_name(i: int, name: str) -> str:
 
 
 def _gptq(model, tokens, bits, group_of, act_order, sym, progress) -> None:
+    inputs = calibration.LayerInputs(model, tokens)
     for i in _progress(range(len(model.model.layers)), progress, f"GPTQ {bits}-bit"):
         layer = model.model.layers[i]
         linears = calibration.layer_linears(layer)
         hessians = {n: HessianAccumulator(m.in_features, m.weight.device) for n, m in linears.items()}
         handles = calibration.capture_inputs(linears, lambda n, x: hessians[n].add(x))
         try:
-            calibration.run_through_layer(model, tokens, i)
+            inputs.run()
         finally:
             for h in handles:
                 h.remove()
@@ -129,9 +130,11 @@ def _gptq(model, tokens, bits, group_of, act_order, sym, progress) -> None:
             new = gptq_linear(lin, hessians[name].H, bits, -1 if group == lin.in_features else group, act_order, sym)
             parent, _, child = name.rpartition(".")
             setattr(layer.get_submodule(parent), child, new)
+        inputs.run(keep=True)  # the next layer's inputs, through this layer as quantized
 
 
 def _awq(model, tokens, bits, group_of, progress, max_rows: int = 2048, clip_rows: int = 512) -> None:
+    inputs = calibration.LayerInputs(model, tokens)
     for i in _progress(range(len(model.model.layers)), progress, f"AWQ {bits}-bit"):
         layer = model.model.layers[i]
         linears = calibration.layer_linears(layer)
@@ -147,7 +150,7 @@ def _awq(model, tokens, bits, group_of, progress, max_rows: int = 2048, clip_row
 
         handles = calibration.capture_inputs(linears, record)
         try:
-            calibration.run_through_layer(model, tokens, i)
+            inputs.run()
         finally:
             for h in handles:
                 h.remove()
@@ -165,6 +168,7 @@ def _awq(model, tokens, bits, group_of, progress, max_rows: int = 2048, clip_row
                 continue
             rows = x[name][::max(1, len(x[name]) // clip_rows)][:clip_rows]  # 512 tokens, as AutoAWQ clips on
             lin.weight.copy_(awq.search_clip(lin.weight, rows, bits, group_of(_layer_name(i, name), lin)))
+        inputs.run(keep=True)  # the next layer's inputs, through this layer as scaled and clipped
     replace_linears(model, lambda name, lin: Int4Linear.from_float(lin, group_of(name, lin), bits))
 
 

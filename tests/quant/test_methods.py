@@ -26,6 +26,29 @@ def layer_inputs():
     return {n: (m.weight.detach().clone(), torch.cat(xs[n])) for n, m in mods.items()}, layer
 
 
+def test_carried_layer_inputs_are_what_a_full_forward_feeds_the_layer():
+    """The quantizers' layer-by-layer inputs equal those of re-running the model to the layer, after
+    an earlier layer changed (as quantizing it does)."""
+    model, tok = load_checkpoint("target", device="cpu", dtype=torch.float32)
+    calib = calibration.calibration_tokens(tok, n_samples=3, seq_len=64, seed=2)
+    inputs = calibration.LayerInputs(model, calib, batch_size=2)
+
+    def captured(run):
+        seen = []
+        handles = calibration.capture_inputs({"q": model.model.layers[1].self_attn.q_proj}, lambda n, x: seen.append(x))
+        run()
+        for h in handles:
+            h.remove()
+        return torch.cat(seen)
+
+    inputs.run()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)  # layer 0 changes after its capture
+    inputs.run(keep=True)
+    torch.testing.assert_close(captured(inputs.run), captured(lambda: calibration.run_through_layer(model, calib, 1)),
+                               rtol=0, atol=1e-6)
+
+
 def output_error(w, w_hat, x):
     return (x @ (w - w_hat).T).pow(2).mean().item()
 
