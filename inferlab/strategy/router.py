@@ -105,12 +105,15 @@ def token_nlls(model, requests, batch_size: int = 8) -> list[tuple[torch.Tensor,
             cache.v[:, :, :, :shared] = one.v
         meta = AttentionMetadata(positions=torch.arange(shared, shared + t, device=dev).expand(len(chunk), t),
                                  kv_cache=cache, cache_start=shared)
-        logits = model(x.to(dev), meta).float()
-        # logits[:, k] predicts the token at absolute position shared + k + 1
-        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:].to(dev), reduction="none")
-        for j, r in enumerate(chunk):
-            first, end = (r[2] if len(r) > 2 else 1) - shared - 1, len(rows[j]) - 1
-            out.append((nll[j, first:end], logits[j, first:end].argmax(-1)))
+        # position k predicts the token at absolute position shared + k + 1; the head (49,152 rows on
+        # smollm2) runs only from the first position any row of the chunk scores
+        firsts = [(r[2] if len(r) > 2 else 1) - shared - 1 for r in chunk]
+        lo = min(firsts)
+        logits = model(x.to(dev), meta, logits_indices=torch.arange(lo, t - 1, device=dev)).float()
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, lo + 1:].to(dev), reduction="none")
+        for j, first in enumerate(firsts):
+            end = len(rows[j]) - 1
+            out.append((nll[j, first - lo:end - lo], logits[j, first - lo:end - lo].argmax(-1)))
     return out
 
 
