@@ -35,7 +35,8 @@ NBVAL := TQDM_DISABLE=1 $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-c
 # (the quantized decode loops take their AVX2 build, as on an AVX2 laptop),
 # MKL's run-to-run compatible code path, one thread. The outputs stored by a normal run must pass
 # under them too, as they must on a student's CPU (tests/viz/test_rounding_change.py shows that
-# these settings really change the raw floats, so this second pass can fail).
+# these settings really change the raw floats, so this second pass can fail). One thread each, so two
+# notebooks run side by side (pytest-xdist, a whole notebook per worker).
 ROUNDING_CHANGE := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=1
 
 # JupyterLab on workspace/, a git-ignored copy of notebooks/ and labs/ (made on the first run,
@@ -48,7 +49,7 @@ lab: setup
 test: setup
 	$(PY) -m pytest -q tests
 	$(NBVAL) notebooks
-	$(ROUNDING_CHANGE) $(NBVAL) notebooks
+	$(ROUNDING_CHANGE) $(NBVAL) -n 2 --dist loadfile notebooks
 
 # Plant each plausible one-line bug of scripts/mutants.toml in a scratch copy of the tree and run the
 # tests that must catch it; fails if any bug survives (scripts/mutants.py; a few minutes on 2 cores).
