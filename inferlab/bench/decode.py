@@ -17,6 +17,7 @@ also compiles the quantized kernels): a shared machine makes absolute times nois
 from __future__ import annotations
 
 import argparse
+import os
 
 from inferlab.cli import HelpFormatter
 import importlib.util
@@ -165,8 +166,9 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
     except ImportError:
         raise InferlabError("the decode benchmark compares against transformers: pip install transformers") from None
     from inferlab.model import random_model
-    if threads:
+    if threads:  # fixed, as llama.cpp's: the engine does not hand cores to other programs here
         torch.set_num_threads(threads)
+        os.environ["INFERLAB_CPU_SHARE"] = "0"
     if bandwidth is None:
         from inferlab.roofline import measure_this_machine
         bandwidth = measure_this_machine(size=256).mem_bandwidth  # notebook 00's copy bandwidth

@@ -21,6 +21,7 @@ With llama-cpp-python installed, the GGUF formats also get llama.cpp's decode to
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import time
 
@@ -140,8 +141,9 @@ def run(model_name: str = "target", max_tokens: int | None = None, calib_samples
     ref = rows[1]["ppl"]
     for r in rows:
         r["ppl_delta_pct"] = round(100 * (r["ppl"] / ref - 1), 3)
-    if threads:
+    if threads:  # fixed, as llama.cpp's: the engine does not hand cores to other programs here
         torch.set_num_threads(threads)
+        os.environ["INFERLAB_CPU_SHARE"] = "0"
     models = list(dict.fromkeys([speed_model, model_name]))
     speeds = speed_pass(models, list(dict.fromkeys(r["format"] for r in rows)), new_tokens, repeats)
     if bar is not None:

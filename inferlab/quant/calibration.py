@@ -52,13 +52,19 @@ def run_through_layer(model, tokens: torch.Tensor, layer_idx: int, batch_size: i
 
     handle = layer.register_forward_hook(stop)
     try:
-        for i in range(0, len(tokens), batch_size):
-            try:
-                model(tokens[i:i + batch_size].to(model.device))
-            except _StopForward:
-                pass
+        _run_batches(model, tokens, batch_size)
     finally:
         handle.remove()
+
+
+def _run_batches(model, tokens: torch.Tensor, batch_size: int) -> None:
+    """The model on ``tokens``, ``batch_size`` rows at a time; a hook that raises ``_StopForward``
+    ends each batch's forward where it has seen what it needs."""
+    for i in range(0, len(tokens), batch_size):
+        try:
+            model(tokens[i:i + batch_size].to(model.device))
+        except _StopForward:
+            pass
 
 
 class LayerInputs:
@@ -79,11 +85,7 @@ class LayerInputs:
         handle = model.model.layers[0].register_forward_pre_hook(grab)
         try:
             with torch.no_grad():
-                for i in range(0, len(tokens), batch_size):
-                    try:
-                        model(tokens[i:i + batch_size].to(model.device))
-                    except _StopForward:
-                        pass
+                _run_batches(model, tokens, batch_size)
         finally:
             handle.remove()
 
