@@ -83,3 +83,16 @@ class CpuShare:
             torch.set_num_threads(want)
             self.set_to = want
         return want
+
+
+_shared: CpuShare | None = None
+
+
+def adjust() -> int:
+    """``CpuShare.adjust`` on the one instance of this process: every engine in it (the capstone
+    builds one per deployment) shares the thread count, so none mistakes another's change for the
+    user's."""
+    global _shared
+    if _shared is None:
+        _shared = CpuShare()
+    return _shared.adjust()

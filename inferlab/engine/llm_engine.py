@@ -26,7 +26,7 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.model.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
-from inferlab.engine.cpu_share import CpuShare
+from inferlab.engine import cpu_share
 from inferlab.engine.model_runner import ModelRunner, SeqInput, query_start_loc
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
@@ -52,7 +52,7 @@ class LLMEngine:
         self.needs_hidden = self.proposer is not None and self.proposer.needs_hidden
         # hidden states are read through a hook, which a compiled forward would not run
         self.runner = ModelRunner(model, self.kv_cache, compile_decode=not c.enforce_eager and not self.needs_hidden)
-        self.cpu_share = CpuShare() if model.device.type == "cpu" else None  # threads on the cores left free
+        self.on_cpu = model.device.type == "cpu"  # each step then runs on the cores other programs leave free
         self.rejection_sampler = None  # None: inferlab.spec.rejection's; lab 04 plugs a student's in
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         # grammars of constrained requests: compiled when added, a bitmask on the logits before sampling
@@ -143,8 +143,8 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        if self.cpu_share is not None:
-            self.cpu_share.adjust()
+        if self.on_cpu:
+            cpu_share.adjust()
         if self.proposer is not None:
             self.proposer.propose(self.scheduler.running, self.config.speculative_config.num_speculative_tokens)
         out = self.scheduler.schedule()

@@ -88,6 +88,16 @@ def test_a_real_busy_process_is_seen(threads):
     finally:
         busy.kill()
         busy.wait()
-    share.adjust()
-    time.sleep(1.3)
-    assert share.adjust() == 2
+
+
+def test_every_engine_of_a_process_shares_one_count(monkeypatch, threads):
+    """The capstone builds an engine per deployment, some while the count is lowered: each must
+    still give the cores back when the other program stops."""
+    clock = Clock(monkeypatch)
+    monkeypatch.setattr(cpu_share, "_shared", None)
+    cpu_share.adjust()
+    cpu_share._shared.cores = 2
+    clock.run(1.5, own_cores=1.0, other_cores=1.0)
+    assert cpu_share.adjust() == 1                     # one engine's step, another program busy
+    clock.run(1.5, own_cores=1.0, other_cores=0.0)
+    assert cpu_share.adjust() == 2                     # a later engine's step, the program gone
