@@ -4,11 +4,11 @@ Every parallel loop of a decode step (torch's ops, MKL's products, the decode lo
 its work over the threads and then waits for the slowest. On a two-core laptop where another
 program keeps one core busy, the second thread runs only when the scheduler lends it that core,
 and every one of a token's ~120 loops waits for it. Measured on smollm2 with one core busy: fp32
-took 36-47 ms a token on 2 threads and 21-23 ms on 1; INT8 19-24 ms against 12 ms.
+took 36-47 ms a token on 2 threads and 21-23 ms on 1; INT8 19-49 ms against 12-13 ms.
 
 So the engine looks, at most once a second, at how much CPU time other processes used since it
-last looked (Linux's ``/proc/stat`` for the machine, minus ``/proc/self/stat`` for this process,
-whose own threads, spinning ones included, are not "others"), and runs on the cores left:
+last looked (Linux's ``/proc/stat`` for the machine, minus ``os.times()`` for this process, whose
+own threads, spinning ones included, are not "others"), and runs on the cores left:
 never more threads than it was given (``torch.set_num_threads`` or ``OMP_NUM_THREADS``), never
 fewer than one. Where ``/proc`` is missing (macOS, Windows) it keeps its threads.
 ``INFERLAB_CPU_SHARE=0`` turns it off (benchmarks that compare engines at fixed threads).
