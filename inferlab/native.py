@@ -20,15 +20,16 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def library(source: Path, signatures: tuple) -> ctypes.CDLL | None:
+def library(source: Path, signatures: tuple, depends: tuple[Path, ...] = ()) -> ctypes.CDLL | None:
     """``source`` compiled and loaded, its functions declared (``signatures``: (name, argtypes)
-    pairs), or None where no compiler builds it."""
+    pairs), or None where no compiler builds it. ``depends``: the files it includes (a change to
+    one rebuilds it)."""
     from inferlab.quant import fused  # here, not above: inferlab.quant imports the model, which imports this
     from inferlab.quant.vnni import _build
     if not fused.compiler_available():
         return None
     try:
-        lib = ctypes.CDLL(str(_build(source)))
+        lib = ctypes.CDLL(str(_build(source, (), depends)))
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("inferlab: %s did not build (%s); torch runs its operations", source.name, e)
         return None

@@ -46,3 +46,15 @@ void inferlab_rope(float *x, int tokens, int heads, int D, int64_t token_stride,
         }
     }
 }
+
+/* out[r] = silu(gate[r]) * up[r] = gate / (1 + exp(-gate)) * up, the SwiGLU gate, for `rows` rows of
+   `F` floats; row r of gate starts at r * gate_stride, of up at r * up_stride (the two halves of a
+   packed gate|up output are rows of one buffer), out is contiguous [rows, F]. */
+void inferlab_silu_mul(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride, float *out,
+                       int rows, int F) {
+    for (int r = 0; r < rows; r++) {
+        const float *g = gate + r * gate_stride, *u = up + r * up_stride;
+        float *a = out + (int64_t)r * F;
+        for (int i = 0; i < F; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}

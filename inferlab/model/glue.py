@@ -19,7 +19,8 @@ from inferlab.native import library, runs
 SOURCE = Path(__file__).with_name("glue.c")
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
-               ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)))
+               ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)),
+               ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -45,3 +46,17 @@ def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
         _, heads, tokens, d = x.shape
         lib.inferlab_rope(x.data_ptr(), tokens, heads, d, x.stride(2), x.stride(1), cos.data_ptr(), sin.data_ptr())
     return True
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up, SwiGLU's gate, in one loop instead of three torch ops; None where the C loop
+    does not run. gate and up [..., F] may be the two halves of a packed output (strided rows)."""
+    if not (runs(gate, up) and gate.shape == up.shape and gate.numel()) or (lib := library(SOURCE, _SIGNATURES)) is None:
+        return None
+    f = gate.shape[-1]
+    g, u = gate.reshape(-1, f), up.reshape(-1, f)  # views where the rows are evenly strided
+    if g.stride(-1) != 1 or u.stride(-1) != 1:
+        return None
+    out = torch.empty(gate.shape)
+    lib.inferlab_silu_mul(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), g.shape[0], f)
+    return out

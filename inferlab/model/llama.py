@@ -19,7 +19,7 @@ from torch import nn
 from inferlab.attention import (AttentionBackend, AttentionMetadata, PagedAttentionMetadata, TorchSDPABackend,
                                 attention_mask)
 from inferlab import loop_settings
-from inferlab.model import glue
+from inferlab.model import decode_layers, glue
 from inferlab.model.config import ModelConfig
 from inferlab.model.linear import LinearFactory, default_linear
 from inferlab.model.moe import SparseMoeBlock
@@ -90,7 +90,8 @@ class MLP(nn.Module):
     def forward(self, x):
         packed = use_packed(self, "packed_gate_up", self.gate_proj, self.up_proj)
         gate, up = packed(x) if packed else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        act = glue.silu_mul(gate, up)  # one loop (model/glue.c), where it runs
+        return self.down_proj(F.silu(gate) * up if act is None else act)
 
 
 class DecoderLayer(nn.Module):
@@ -105,6 +106,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, metadata):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+STOCK = (DecoderLayer, Attention, MLP, RMSNorm)  # what inferlab.model.decode_layers runs in C
 
 
 class DecoderStack(nn.Module):
@@ -176,8 +180,9 @@ class CausalLM(nn.Module):
                                                 self.config.sliding_window, input_ids.device)
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, metadata.positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, metadata)
+        if not decode_layers.run(self, x, cos, sin, metadata, STOCK):  # a decode step's layers in one C call, where it runs
+            for layer in self.model.layers:
+                x = layer(x, cos, sin, metadata)
         if logits_indices is not None:
             x = x[:, logits_indices]
         elif last_only:

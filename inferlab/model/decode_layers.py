@@ -1,0 +1,249 @@
+"""Every decoder layer of a decode step in one C call (``decode_layers.c``, beside this file: why).
+
+:func:`run` takes the rows of a ragged batch that only decodes and verifies (no prompt), up to
+:data:`MAX_ROWS`, and runs all the layers over them in C: the same RMSNorm, RoPE and paged
+attention loops as the per-operation path, and each linear's own loop (``inferlab.quant.f32`` for
+float weights, ``inferlab.quant.vnni`` for the quantized formats). It returns False, and the model
+runs its layers one module at a time, wherever one piece is not the stock one:
+
+- a prompt or a long chunk in the batch, more than :data:`MAX_ROWS` rows, autograd, a compiled step;
+- a layer, norm, attention, MLP or linear that is not the class the model builds (a mixture of
+  experts, a tensor-parallel shard, a lab's own module), or a linear without a C loop here;
+- a hook on any of them (calibration and probes watch the modules run);
+- an attention backend other than the torch one, a cache other than the float32 paged one;
+- the loops switched off (``INFERLAB_QUANT_KERNEL``, ``ATEN_CPU_CAPABILITY=default``, no compiler).
+
+The plan (pointers to every weight) is built once per model and loop settings and checked at each
+call: a replaced module or tensor, or a tensor moved, rebuilds it.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from inferlab import native
+from inferlab.loop_settings import settings
+
+SOURCE = Path(__file__).with_name("decode_layers.c")
+DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c")
+MAX_ROWS = 32  #: the loops' own limit (``inferlab.quant.vnni.MAX_LOOP_ROWS``): a decode batch or a few verifies
+_p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIG_P_I, SIG_PP_I, SIG_PPP_II = 0, 1, 2
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("fn", _p), ("p", _p * 3), ("bias", _p), ("sig", _i), ("n_out", _i), ("extra", _i)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("ln1", _p), ("ln2", _p), ("qkv", _Linear * 3), ("o", _Linear), ("gate_up", _Linear * 2),
+                ("down", _Linear), ("k_cache", _p), ("v_cache", _p), ("n_qkv", _i), ("n_gate_up", _i)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("M", _i), ("hidden", _i), ("hq", _i), ("hkv", _i), ("head_dim", _i), ("ffn", _i), ("S", _i),
+                ("window", _i), ("nthreads", _i), ("eps", _f), ("scale", _f), ("cos", _p), ("sin", _p),
+                ("slot_mapping", _p), ("slots", _p), ("row_len", _p)]
+
+
+def _library():
+    return native.library(SOURCE, (("inferlab_decode_layers", (_p, _p, _i, _p)),), DEPENDS)
+
+
+def _address(fn) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def c_loop(module: nn.Module) -> tuple | None:
+    """(signature, loop address, pointer tensors, N, extra int) of the C loop that computes
+    ``module`` for a few rows here, or None: no loop takes it (the same conditions as the module's
+    own forward, e.g. ``inferlab.quant.vnni.int8_linear``)."""
+    from inferlab.model.linear import Linear
+    from inferlab.quant import f32, vnni
+    from inferlab.quant.ggml import GGMLLinear
+    from inferlab.quant.int4 import Int4Linear
+    from inferlab.quant.int8 import Int8Linear
+    from inferlab.quant.nf4 import NF4_CODE, NF4Linear
+    kind, K = type(module), module.in_features
+    if kind is Linear:
+        w, loop = module.weight, f32.loop()
+        if loop is None or w.dtype is not torch.float32 or not w.is_contiguous() or K % loop.width or w.shape[0] % 4:
+            return None
+        return SIG_P_I, _address(loop.function), (w,), w.shape[0], 0
+    if kind not in (Int8Linear, Int4Linear, GGMLLinear, NF4Linear) or not vnni.available():
+        return None
+    q = module.qweight
+    if kind is Int8Linear:
+        ok = K % 32 == 0 and module.scales.dtype == torch.float16 and module.scales.is_contiguous()
+        spec = SIG_PP_I, "int8", (q, module.scales), q.shape[0], 0
+    elif kind is Int4Linear:
+        g = module.group_size
+        ok = (module.perm is None and g % 64 == 0 and module.scales.dtype == torch.float16
+              and module.zeros.dtype == torch.uint8 and module.scales.is_contiguous() and module.zeros.is_contiguous())
+        spec = SIG_PPP_II, "int4", (q, module.scales, module.zeros), q.shape[0], g
+    elif kind is GGMLLinear:
+        ok = module.ggml_type in vnni.BLOCK_TYPES
+        spec = SIG_P_I, module.ggml_type, (q,), q.shape[0], 0
+    else:
+        b = module.blocksize
+        ok = b % 32 == 0 and K % b == 0 and module.absmax.dtype == torch.float32 and vnni.nf4_available()
+        spec = SIG_PPP_II, "nf4", (q, module.absmax, NF4_CODE), module.out_features, b
+    if not (ok and q.is_cpu and q.is_contiguous()):
+        return None
+    sig, name, tensors, n, extra = spec
+    args = (*tensors, n) if sig != SIG_PPP_II else (*tensors, n, extra)
+    return sig, _address(vnni._function(name, args)), tensors, n, extra
+
+
+class _Plan:
+    """The ctypes description of every layer, and what it was built from (to check it still holds)."""
+
+    def __init__(self, model, cache, stock: tuple):
+        from inferlab.attention import TorchSDPABackend
+        from inferlab.model.packing import use_packed
+        decoder_layer, attention, mlp_class, rms_norm = stock
+        cfg = model.config
+        self.layers = (_Layer * cfg.num_hidden_layers)()
+        self.watched: list[tuple[dict, str, object]] = []  # (dict, key, value) that must still hold
+        self.tensors: list[tuple[torch.Tensor, int]] = []  # (tensor, data_ptr) that must not move
+        self.hook_dicts: list[dict] = []
+        self.cache = cache
+        self.ok = True
+        for i, layer in enumerate(model.model.layers):
+            attn, mlp = layer.__dict__["_modules"].get("self_attn"), layer.__dict__["_modules"].get("mlp")
+            norms = layer.input_layernorm, layer.post_attention_layernorm
+            if not (type(layer) is decoder_layer and type(attn) is attention and type(mlp) is mlp_class
+                    and all(type(n) is rms_norm and n.weight.dtype is torch.float32 for n in norms)
+                    and type(attn.backend) is TorchSDPABackend
+                    and (attn.n_heads, attn.n_kv) == (cfg.num_attention_heads, cfg.num_key_value_heads)):
+                self.ok = False
+                return
+            self.watched.append((model.model.layers._modules, str(i), layer))
+            for owner in (layer, attn, mlp):
+                self.watched += [(owner._modules, k, v) for k, v in owner._modules.items()]
+            self.watched.append((attn.__dict__, "backend", attn.backend))
+            for n in norms:
+                self._tensor(n, "weight")
+            entry = self.layers[i]
+            entry.ln1, entry.ln2 = norms[0].weight.data_ptr(), norms[1].weight.data_ptr()
+            qkv = use_packed(attn, "packed_qkv", attn.q_proj, attn.k_proj, attn.v_proj)
+            gate_up = use_packed(mlp, "packed_gate_up", mlp.gate_proj, mlp.up_proj)
+            self.watched += [(attn.__dict__, "packed_qkv", qkv), (mlp.__dict__, "packed_gate_up", gate_up)]
+            parts = ([qkv.fused] if qkv else [attn.q_proj, attn.k_proj, attn.v_proj],
+                     [gate_up.fused] if gate_up else [mlp.gate_proj, mlp.up_proj])
+            entry.n_qkv, entry.n_gate_up = len(parts[0]), len(parts[1])
+            for j, m in enumerate(parts[0]):
+                self._linear(m, entry.qkv[j])
+            for j, m in enumerate(parts[1]):
+                self._linear(m, entry.gate_up[j])
+            self._linear(attn.o_proj, entry.o)
+            self._linear(mlp.down_proj, entry.down)
+            linears = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+            for mod in linears:  # a packed part's rows view the packed tensor: watch the parts too
+                self._tensors(mod)
+            for mod in (layer, attn, mlp, *norms, *linears):
+                self.hook_dicts += [mod._forward_hooks, mod._forward_pre_hooks]
+            if not self.ok:
+                return
+            entry.k_cache, entry.v_cache = cache.k_slots[i].data_ptr(), cache.v_slots[i].data_ptr()
+        self.tensors += [(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)]
+
+    def _tensor(self, module: nn.Module, name: str) -> torch.Tensor:
+        store = module._parameters if name in module._parameters else module._buffers
+        t = store[name]
+        self.watched.append((store, name, t))
+        self.tensors.append((t, t.data_ptr()))
+        return t
+
+    def _tensors(self, module: nn.Module) -> None:
+        for name in (*module._parameters, *module._buffers):
+            if getattr(module, name) is not None:
+                self._tensor(module, name)
+
+    def _linear(self, module: nn.Module, entry: _Linear) -> None:
+        found = c_loop(module)
+        if found is None:
+            self.ok = False
+            return
+        entry.sig, entry.fn, tensors, entry.n_out, entry.extra = found
+        for j, t in enumerate(tensors):
+            entry.p[j] = t.data_ptr()
+        self._tensors(module)
+        bias = module.bias
+        entry.bias = None if bias is None else bias.data_ptr()
+        if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
+            self.ok = False
+
+    def holds(self, cache) -> bool:
+        """Is every module, tensor and pointer the plan was built from still in place?"""
+        return (cache is self.cache and all(d.get(k) is v for d, k, v in self.watched)
+                and all(t.data_ptr() == p for t, p in self.tensors))
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {loop settings: plan}; not in the
+# model itself, which deepcopy and pickle must still copy
+
+
+def _plan(model, cache, stock: tuple) -> _Plan | None:
+    from inferlab.model.packing import _global_hooks
+    if _global_hooks():
+        return None
+    key = settings()
+    plans = _PLANS.setdefault(model, {})
+    plan = plans.get(key)
+    if plan is None or not plan.holds(cache):
+        plans[key] = plan = _Plan(model, cache, stock)
+    return plan if plan.ok and not any(plan.hook_dicts) else None  # a hook must see its module run
+
+
+def run(model, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, stock: tuple) -> bool:
+    """Run ``model``'s layers over x [1, N, hidden] in place in one C call; False (x untouched):
+    the caller runs them module by module. ``stock``: the classes of ``inferlab.model.llama``
+    (decoder layer, attention, MLP, RMSNorm) whose arithmetic the C file repeats."""
+    from inferlab.attention.paged import PagedAttentionMetadata
+    from inferlab.cache.paged import PagedKVCache
+    if not isinstance(meta, PagedAttentionMetadata) or torch.is_grad_enabled():
+        return False
+    n, b = x.shape[1], len(meta.query_lens)
+    d, m = meta.num_decodes, meta.num_multi_query
+    cache = meta.kv_cache
+    if not (0 < n <= MAX_ROWS and d + m == b and type(cache) is PagedKVCache and cache.k.dtype is torch.float32
+            and x.is_contiguous() and native.runs(x)) or (lib := _library()) is None:
+        return False
+    plan = _plan(model, cache, stock)
+    if plan is None:
+        return False
+    row_slots, row_len, s = _rows(meta)
+    cfg = model.config
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slot_mapping = meta.slot_mapping.to(torch.int64).contiguous()
+    step = _Step(M=n, hidden=cfg.hidden_size, hq=cfg.num_attention_heads, hkv=cfg.num_key_value_heads,
+                 head_dim=cfg.head_dim, ffn=cfg.intermediate_size, S=s, window=cfg.sliding_window or 0,
+                 nthreads=torch.get_num_threads(), eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+                 cos=cos.data_ptr(), sin=sin.data_ptr(), slot_mapping=slot_mapping.data_ptr(),
+                 slots=row_slots.data_ptr(), row_len=row_len.data_ptr())
+    if lib.inferlab_decode_layers(x.data_ptr(), plan.layers, len(plan.layers), ctypes.byref(step)):
+        raise MemoryError("inferlab: the decode layers could not allocate their buffers")
+    return True
+
+
+def _rows(meta) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each row's readable slots [N, S] and how many positions it sees [N] (int64), and S: a decode
+    row sees its whole context, the i-th of a sequence's q rows over c tokens sees c - q + i + 1."""
+    d, lens, ctx = meta.num_decodes, meta.query_lens, meta.context_lens_host
+    if d == len(lens):  # decodes only: build_masks laid their slots out already
+        slots = meta.decode_slots.to(torch.int64).contiguous()
+        return slots, meta.context_lens[:d].to(torch.int64).contiguous(), slots.shape[1]
+    s, bs = max(ctx), meta.kv_cache.block_size
+    nb = -(-s // bs)
+    seq_slots = (meta.block_tables[:, :nb, None] * bs + torch.arange(bs)).view(len(lens), nb * bs)[:, :s]
+    seq_of_row, row_len = [], []
+    for j, (q, c) in enumerate(zip(lens, ctx)):
+        seq_of_row += [j] * q
+        row_len += range(c - q + 1, c + 1)
+    rows = seq_slots.index_select(0, torch.tensor(seq_of_row)).to(torch.int64).contiguous()
+    return rows, torch.tensor(row_len, dtype=torch.int64), s
