@@ -1,0 +1,122 @@
+"""Every decoder layer in one C call (inferlab.model.decode_layers): the same bits as the layers run
+one module at a time, for decodes and verifies, in every format with a loop; and the per-module
+path wherever a hook, a swapped module or a prompt needs it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from inferlab.model import decode_layers, llama
+from inferlab.quant import quantize_model
+from inferlab.quant.fused import compiler_available
+from inferlab.sampling import SamplingParams
+
+from .conftest import run_all
+from .test_spec_decode import NGRAM, PROMPTS, run
+
+pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C compiler: the layers run module by module")
+
+
+@pytest.fixture
+def compared(monkeypatch):
+    """Run the C layers on a copy of each forward's input, then the modules on the input itself, and
+    record (rows, largest difference); the modules' result goes on, so both paths see the same state."""
+    seen = []
+    real = decode_layers.run
+
+    def both(model, x, cos, sin, meta, stock):
+        fused = x.clone()
+        if not real(model, fused, cos, sin, meta, stock):
+            seen.append((x.shape[1], None))
+            return False
+        y = x
+        for layer in model.model.layers:
+            y = layer(y, cos, sin, meta)
+        seen.append((x.shape[1], (fused - y).abs().max().item(), meta.num_multi_query))
+        x.copy_(y)
+        return True
+    monkeypatch.setattr(decode_layers, "run", both)
+    return seen
+
+
+@pytest.mark.parametrize("method", [None, "int8", "int4", "q8_0", "q4_0", "nf4"])
+def test_decodes_are_the_modules_bits(target, compared, method):
+    """A batch of decodes of different lengths: the C layers write what the modules compute, bit for bit."""
+    model, tok = target
+    if method:
+        model = copy.deepcopy(model)
+        quantize_model(model, method, group_size=64) if method == "int4" else quantize_model(model, method)
+    run((model, tok), PROMPTS[:3], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), max_num_seqs=3)
+    decodes = [s for s in compared if s[1] is not None]
+    assert decodes, f"{method}: the C layers never ran ({compared})"
+    assert all(diff == 0.0 for _, diff, _ in decodes), decodes
+
+
+def test_verifies_match_the_modules(target, compared):
+    """Speculative verifies (several rows per sequence, each seeing the positions up to its own):
+    the C attention against the torch multi-query path, within float rounding, and outputs unchanged."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs, _ = run(target, PROMPTS[:2], params, speculative_config=NGRAM, max_num_seqs=2)
+    verifies = [s for s in compared if s[1] is not None and s[2]]
+    assert verifies, "no verify step ran through the C layers"
+    assert max(diff for _, diff, _ in verifies) < 1e-4
+    compared.clear()
+    plain, _ = run(target, PROMPTS[:2], params, max_num_seqs=2)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+
+
+def test_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatch):
+    """A prompt, a hook and a swapped-in module each run the modules; a replaced weight is read."""
+    model, tok = target
+    model = copy.deepcopy(model)
+    calls = []
+    real = decode_layers.run
+    monkeypatch.setattr(decode_layers, "run", lambda *a: calls.append(real(*a)) or calls[-1])
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    run((model, tok), PROMPTS[:1], params)
+    assert calls == [False, True, True]  # the prompt, then two decodes
+
+    seen = []
+    handle = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: seen.append(1))
+    calls.clear()
+    run((model, tok), PROMPTS[:1], params)
+    handle.remove()
+    assert calls == [False, False, False] and len(seen) == 3
+
+    # a new weight object (same shape) must be read, not the old pointer: zeroing every o_proj
+    # changes the output of the C path exactly as it changes the modules'
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight = nn.Parameter(torch.zeros_like(layer.self_attn.o_proj.weight))
+    calls.clear()
+    fused, _ = run((model, tok), PROMPTS[:1], params)
+    assert calls == [False, True, True]
+    monkeypatch.setattr(decode_layers, "run", lambda *a: False)
+    modules, _ = run((model, tok), PROMPTS[:1], params)
+    assert fused[0].token_ids == modules[0].token_ids
+
+    class Probe(llama.MLP):  # a lab's own MLP: not the arithmetic the C file repeats
+        pass
+    monkeypatch.setattr(decode_layers, "run", lambda *a: calls.append(real(*a)) or calls[-1])
+    model.model.layers[0].mlp.__class__ = Probe
+    calls.clear()
+    run((model, tok), PROMPTS[:1], params)
+    assert calls == [False, False, False]
+
+
+@pytest.mark.parametrize("variant", ["llama_bias", "mistral_window8", "qwen2_bias"])
+def test_biases_and_windows_are_the_modules_bits(variant, tmp_path, compared):
+    """Projection biases (Llama with attention_bias, Qwen2) and a sliding window that bites (8 positions
+    of a 20-token context): the C layers against the modules, bit for bit, on transformers-made models."""
+    from core.checkpoints import save_variant
+
+    from inferlab.model.loader import load_checkpoint
+    save_variant(variant, tmp_path)
+    model, _ = load_checkpoint(tmp_path, device="cpu")
+    prompts = [[5, 9, 14, 3, 7, 22, 31, 8, 4, 17, 12, 6], [40, 41, 42]]
+    run((model, None), prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), max_num_seqs=2)
+    decodes = [s for s in compared if s[1] is not None]
+    assert len(decodes) >= 7, compared
+    assert all(diff == 0.0 for _, diff, _ in decodes), decodes
