@@ -109,8 +109,12 @@ class PagedAttentionMetadata:
         if sliding_window is not None:
             visible &= key > pos - sliding_window
         bias = torch.zeros(visible.shape, dtype=torch.float32, device=device).masked_fill_(~visible, float("-inf"))
+        seq_of_row = [j for j, q in enumerate(q_lens) for _ in range(q)]  # for the C loop: one query per row,
+        row_lens = [c - q + i + 1 for q, c in zip(q_lens, ctx) for i in range(q)]  # seeing its own prefix
         return {"slots": slots, "rows": torch.tensor(rows, device=device),
-                "keep": torch.tensor(keep, device=device), "bias": bias[:, None, None]}
+                "keep": torch.tensor(keep, device=device), "bias": bias[:, None, None],
+                "row_slots": slots.index_select(0, torch.tensor(seq_of_row, device=device)).to(torch.int64),
+                "row_lens": torch.tensor(row_lens, dtype=torch.int64, device=device)}
 
 
 def paged_decode(q, k_slots, v_slots, decode_slots, bias=None) -> torch.Tensor:
@@ -181,9 +185,14 @@ def torch_prefill(q, k, v, mask) -> torch.Tensor:
 
 
 def torch_multi_query(q, layer_idx: int, meta: PagedAttentionMetadata) -> torch.Tensor:
-    """The short multi-query sequences (speculative verifies) of the torch backend: q [Hq, T, D]."""
+    """The short multi-query sequences (speculative verifies) of the torch backend: q [Hq, T, D].
+    On a CPU each row is one query of the C decode loop, over the positions it may see (as
+    ``inferlab.model.decode_layers`` computes it, so both give the same bits)."""
     cache = meta.kv_cache
-    return paged_multi_query(q, cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.multi_query)
+    k_slots, v_slots, layout = cache.k_slots[layer_idx], cache.v_slots[layer_idx], meta.multi_query
+    out = cpu_decode.paged_decode(q.transpose(0, 1), k_slots, v_slots, layout["row_slots"], layout["row_lens"],
+                                  meta.sliding_window)
+    return out.transpose(0, 1) if out is not None else paged_multi_query(q, k_slots, v_slots, layout)
 
 
 def paged_attention_forward(layer_idx: int, q, k, v, meta: PagedAttentionMetadata,

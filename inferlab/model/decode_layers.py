@@ -238,6 +238,9 @@ def _rows(meta) -> tuple[torch.Tensor, torch.Tensor, int]:
     if d == len(lens):  # decodes only: build_masks laid their slots out already
         slots = meta.decode_slots.to(torch.int64).contiguous()
         return slots, meta.context_lens[:d].to(torch.int64).contiguous(), slots.shape[1]
+    if d == 0:  # verifies only: build_masks laid their rows out for the per-module path's C loop
+        layout = meta.multi_query
+        return layout["row_slots"], layout["row_lens"], layout["row_slots"].shape[1]
     s, bs = max(ctx), meta.kv_cache.block_size
     nb = -(-s // bs)
     seq_slots = (meta.block_tables[:, :nb, None] * bs + torch.arange(bs)).view(len(lens), nb * bs)[:, :s]

@@ -12,6 +12,8 @@ technique of the course outside this file:
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -138,6 +140,7 @@ class CausalLM(nn.Module):
         self.tie_weights()
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._feature_sinks: list[list] = []  # see last_layer_outputs
 
     def tie_weights(self) -> None:
         """With tied embeddings (Press & Wolf 2017) the output projection *is* the input embedding
@@ -155,6 +158,18 @@ class CausalLM(nn.Module):
         # a packed projection's weight views rows of a larger tensor: save its own copy
         return {k: v.clone() if v.untyped_storage().nbytes() != v.numel() * v.element_size() else v
                 for k, v in state.items()}
+
+    @contextlib.contextmanager
+    def last_layer_outputs(self):
+        """Collect the last decoder layer's output [1, N, H] (every row, before the final norm) of
+        each forward run inside the block: EAGLE's features. The forward appends to a list rather
+        than a hook watching the layer, so a decode step still runs its layers in one C call."""
+        seen: list[torch.Tensor] = []
+        self._feature_sinks.append(seen)
+        try:
+            yield seen
+        finally:
+            self._feature_sinks.remove(seen)
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Route every layer's attention through ``backend`` (the attention seam)."""
@@ -183,6 +198,8 @@ class CausalLM(nn.Module):
         if not decode_layers.run(self, x, cos, sin, metadata, STOCK):  # a decode step's layers in one C call, where it runs
             for layer in self.model.layers:
                 x = layer(x, cos, sin, metadata)
+        for seen in self._feature_sinks:
+            seen.append(x)
         if logits_indices is not None:
             x = x[:, logits_indices]
         elif last_only:

@@ -104,7 +104,8 @@ def quantize_like_target(draft: EagleDraft, target) -> EagleDraft:
 def last_layer_features(target):
     """Collect the output of the target's last decoder layer (the features f_t of every row of the
     forward, before the final norm): ``with last_layer_features(m) as seen``."""
-    return capture_output(target.model.layers[-1])
+    sinks = getattr(target, "last_layer_outputs", None)  # the model's own list: the C decode layers still run
+    return sinks() if sinks is not None else capture_output(target.model.layers[-1])
 
 
 def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:
