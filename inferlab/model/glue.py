@@ -17,6 +17,7 @@ import torch
 from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("glue.c")
+MAX_ROWS = 32  # silu_mul's loop is one thread: up to a decode step's rows (inferlab.model.decode_layers.MAX_ROWS)
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
                ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)),
@@ -49,11 +50,13 @@ def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """silu(gate) * up, SwiGLU's gate, in one loop instead of three torch ops; None where the C loop
-    does not run. gate and up [..., F] may be the two halves of a packed output (strided rows)."""
-    if not (runs(gate, up) and gate.shape == up.shape and gate.numel()) or (lib := library(SOURCE, _SIGNATURES)) is None:
-        return None
-    f = gate.shape[-1]
+    """silu(gate) * up, SwiGLU's gate, in one loop instead of three torch ops, for up to
+    :data:`MAX_ROWS` rows; None where the C loop does not run. gate and up [..., F] may be the two
+    halves of a packed output (strided rows)."""
+    f = gate.shape[-1] if gate.dim() else 0
+    if not (runs(gate, up) and gate.shape == up.shape and 0 < gate.numel() <= MAX_ROWS * f) \
+            or (lib := library(SOURCE, _SIGNATURES)) is None:
+        return None  # a prompt's many rows: torch's ops, on every thread
     g, u = gate.reshape(-1, f), up.reshape(-1, f)  # views where the rows are evenly strided
     if g.stride(-1) != 1 or u.stride(-1) != 1:
         return None

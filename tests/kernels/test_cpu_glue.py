@@ -27,6 +27,27 @@ def test_rms_norm_matches_torch(shape):
 
 
 @needs_c
+@pytest.mark.parametrize("rows", [1, 5, 32])
+def test_silu_mul_matches_torch_on_the_halves_of_a_packed_output(rows):
+    """SwiGLU's gate from the two strided halves of a packed gate|up output, over gate values from
+    -95 to 95 (exp clamped past -87 and 88): within a few float ulps of torch where the result is
+    a normal float; a prompt's rows (over 32) go to torch's ops."""
+    torch.manual_seed(rows)
+    f = 1536
+    packed = torch.randn(1, rows, 2 * f) * 4
+    packed[0, 0, :f] = torch.linspace(-95, 95, f)
+    gate, up = packed.split([f, f], -1)
+    with torch.no_grad():
+        got = glue.silu_mul(gate, up)
+    want = (F.silu(gate.double()) * up.double()).float()
+    assert got is not None and got.shape == gate.shape
+    normal = want.abs() > 1e-30
+    torch.testing.assert_close(got[normal], want[normal], rtol=2e-6, atol=0)
+    assert (got[~normal].abs() < 1e-30).all()
+    assert glue.silu_mul(torch.randn(33, 8), torch.randn(33, 8)) is None
+
+
+@needs_c
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_rope_rotates_the_q_and_k_views_of_a_packed_projection_in_place(tokens):
     torch.manual_seed(tokens)
