@@ -16,15 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* One build of the function per x86 level (AVX-512, AVX2 + FMA, baseline), picked when the library
-   loads: the loops below are plain C that the compiler vectorises for each. */
-#ifndef CLONES  /* glue.c defines it too: decode_layers.c includes both */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
-#endif
+#include "../clones.h"  /* CLONES: a build per x86 level; the loops below are plain C the compiler vectorises */
 #define LANES 16  /* independent partial sums: one AVX-512 register, two AVX2 ones */
 
 static inline float dot(const float *a, const float *b, int D) {

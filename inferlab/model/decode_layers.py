@@ -29,7 +29,8 @@ from inferlab import native
 from inferlab.loop_settings import settings
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
-DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c")
+DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
+           Path(__file__).parent.parent / "clones.h")
 MAX_ROWS = 32  #: the loops' own limit (``inferlab.quant.vnni.MAX_LOOP_ROWS``): a decode batch or a few verifies
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIG_P_I, SIG_PP_I, SIG_PPP_II = 0, 1, 2

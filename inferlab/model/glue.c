@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "../clones.h"  /* CLONES: a build per x86 level, for the SiLU loop below */
+
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `dim` floats (contiguous).
    The sum of squares is accumulated in double: one long float sum would drift from torch's
    vectorised (pairwise) one by more than the low bit. */
@@ -46,16 +48,6 @@ void inferlab_rope(float *x, int tokens, int heads, int D, int64_t token_stride,
         }
     }
 }
-
-/* One build of a function per x86 level (AVX-512, AVX2 + FMA, baseline), picked when the library
-   loads, so the plain loops below vectorise for the CPU (as in attention/cpu_decode.c). */
-#ifndef CLONES
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
-#endif
 
 /* exp(x) in arithmetic a compiler vectorises (libm's expf is a call per value: 1536 of them a layer
    took longer than the rest of the gate). Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2 (ln2 split in

@@ -17,6 +17,7 @@ import torch
 from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("glue.c")
+DEPENDS = (Path(__file__).parent.parent / "clones.h",)  # what glue.c includes
 MAX_ROWS = 32  # silu_mul's loop is one thread: up to a decode step's rows (inferlab.model.decode_layers.MAX_ROWS)
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
@@ -27,7 +28,7 @@ _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
     """x / rms(x) * weight over the last dimension, or None where the C loop does not run."""
     if not (runs(x, weight) and x.is_contiguous() and weight.is_contiguous()) \
-            or (lib := library(SOURCE, _SIGNATURES)) is None:
+            or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
         return None
     out = torch.empty_like(x)
     dim = x.shape[-1]
@@ -41,7 +42,7 @@ def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
     and nothing rotated, where the C loop does not take them all (the caller runs ``apply_rope``)."""
     if not (cos.shape[0] == 1 and cos.is_contiguous() and sin.is_contiguous() and runs(cos, sin, *xs)
             and all(x.dim() == 4 and x.shape[0] == 1 and x.stride(-1) == 1 for x in xs)) \
-            or (lib := library(SOURCE, _SIGNATURES)) is None:
+            or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
         return False
     for x in xs:
         _, heads, tokens, d = x.shape
@@ -55,7 +56,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
     halves of a packed output (strided rows)."""
     f = gate.shape[-1] if gate.dim() else 0
     if not (runs(gate, up) and gate.shape == up.shape and 0 < gate.numel() <= MAX_ROWS * f) \
-            or (lib := library(SOURCE, _SIGNATURES)) is None:
+            or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
         return None  # a prompt's many rows: torch's ops, on every thread
     g, u = gate.reshape(-1, f), up.reshape(-1, f)  # views where the rows are evenly strided
     if g.stride(-1) != 1 or u.stride(-1) != 1:
