@@ -1,80 +1,188 @@
-/* Paged decode attention on the CPU: one query per sequence against its K/V, read in place
+/* Paged decode attention on the CPU: each query row against its sequence's K/V, read in place
    through the slots its block table names (PagedAttention, Kwon et al. 2023), in one C call.
 
    The torch path (paged_decode in paged.py) gathers every context token's K and V into new
    tensors, then runs two batched matmuls and a softmax: seven kernels and two copies of the
-   context per layer. At a decode step's sizes (9 query heads, a few hundred tokens) the work is
-   tens of microseconds and the dispatch is most of the time. Here each (sequence, query head)
-   reads its K/V head's slots in place: it scores every key, takes a softmax in float (max
-   subtracted first), and sums the values with those weights.
+   context per layer. Here the work is split the way the bytes lie:
+   - one piece of work is a row's K/V head with the G query heads that share it (GQA), so each
+     key and value row is read once for all G of them;
+   - a piece walks its keys in chunks of CHUNK with an online softmax (Milakov & Gimelshein 2018,
+     as FlashAttention does): the chunk's scores, their exponentials (exp_poly, vectorised), then
+     the weighted values, with the running sum and output rescaled when the running max grows.
+     K and V are each read once, and nothing the size of the context is written;
+   - when the batch has too few pieces to keep every thread busy (one sequence with 3 K/V heads on
+     2 threads is a 2:1 split), each piece's context is cut into parts that threads take apart,
+     and the parts' (max, sum, output) are merged afterwards, as Flash-Decoding does
+     (Dao et al. 2023): the result is the same softmax, summed in another order.
 
    q [B, Hq, D] and out [B, Hq, D] contiguous; k, v: one layer's cache as [slots, Hkv, D];
    slots [B, S] (int64): the cache slot of each context position, S the longest context;
-   context_lens [B] (int64): sequence b reads positions [lo_b, context_lens[b]), where
+   context_lens [B] (int64): row b reads positions [lo_b, context_lens[b]), where
    lo_b = context_lens[b] - window when a sliding window (window > 0) bites, else 0. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "../clones.h"  /* CLONES: a build per x86 level; the loops below are plain C the compiler vectorises */
-#define LANES 16  /* independent partial sums: one AVX-512 register, two AVX2 ones */
+#include "../clones.h"    /* CLONES: a build per x86 level; the loops below are plain C the compiler vectorises */
+#include "../exp_poly.h"  /* exp_poly: exp the compiler vectorises */
+#define CHUNK 32     /* keys scored together before their values are summed */
+#define MAX_G 8      /* query heads per piece (more share a K/V head: taken MAX_G at a time) */
+#define MAX_D 256    /* the widest head this loop takes; D a multiple of 16 (the Python side checks) */
+#define INLINE static inline __attribute__((always_inline))  /* into each CLONES build, or it stays baseline x86 */
 
-static inline float dot(const float *a, const float *b, int D) {
-    float acc[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= D; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++) s += acc[j];
-    for (; i < D; i++) s += a[i] * b[i];
-    return s;
+/* 16 floats as one value (GCC and Clang vector extensions): one AVX-512 register, two AVX2 ones, four
+   SSE or NEON ones, whichever the build targets. The loops are written on these rather than left to
+   the auto-vectoriser, which vectorised the value sum across keys with gathers. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));  /* an unaligned load or store */
+#define LOAD(p) (*(const v16u *)(p))
+
+/* The lane sums of 16 vectors at once (r[c] = sum of p[c]'s lanes): four rounds, each adding the two
+   halves of pairs of vectors interleaved, 15 shuffle pairs where one vector at a time takes 4 shuffles
+   and 4 adds each. */
+INLINE void lane_sums16(const v16 *p, v16 *out) {
+#define HALVES(a, b, ...) (__builtin_shufflevector(a, b, __VA_ARGS__))
+    v16 q[8], r[4], t[2];
+    for (int i = 0; i < 8; i++)  /* [p0 8 partial sums | p1 8] */
+        q[i] = HALVES(p[2 * i], p[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + HALVES(p[2 * i], p[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)  /* [4 | 4 | 4 | 4] */
+        r[i] = HALVES(q[2 * i], q[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + HALVES(q[2 * i], q[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)  /* [2 | 2 | ... ] */
+        t[i] = HALVES(r[2 * i], r[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + HALVES(r[2 * i], r[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    *out = HALVES(t[0], t[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + HALVES(t[0], t[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#undef HALVES
 }
 
-/* Each (sequence, query head) is one piece of work, so the two threads of a batch of one share 9
-   heads rather than 3 K/V heads (a 2:1 split); the G heads that share a K/V head read its rows
-   G times, from cache. Scores live in one buffer per thread, grown as contexts grow. */
+/* One piece: query heads q[0..g) (rows of D = 16 NV floats, D apart) against the keys at
+   slots[p0..p1) of K/V head h. Leaves each head's running max in m[], its sum of exponentials in l[]
+   and its unnormalised output in acc [g, D]: the softmax of this part alone, for merging. With NV a
+   constant the NV vectors of a query row or an output row stay in registers. */
+INLINE void attend(const float *q, int g, const float *k, const float *v, const int64_t *slots,
+                   int64_t p0, int64_t p1, int Hkv, int h, const int NV, float scale,
+                   float *m, float *l, float *acc) {
+    const int D = 16 * NV;
+    const float *krow[CHUNK], *vrow[CHUNK];
+    v16 s[CHUNK / 16], part[16];
+    for (int j = 0; j < g; j++) { m[j] = -INFINITY; l[j] = 0.0f; }
+    memset(acc, 0, sizeof(float) * (size_t)g * D);
+    for (int64_t c0 = p0; c0 < p1; c0 += CHUNK) {
+        const int n = p1 - c0 < CHUNK ? (int)(p1 - c0) : CHUNK;
+        for (int c = 0; c < n; c++) {
+            krow[c] = k + (slots[c0 + c] * Hkv + h) * D;
+            vrow[c] = v + (slots[c0 + c] * Hkv + h) * D;
+        }
+        for (int j = 0; j < g; j++) {
+            v16 qv[MAX_D / 16], o[MAX_D / 16];
+            for (int i = 0; i < NV; i++) qv[i] = LOAD(q + (size_t)j * D + 16 * i);
+            float sc[CHUNK];
+            for (int c16 = 0; c16 < n; c16 += 16) {  /* scores, 16 keys at a time (L1 after the first head) */
+                for (int c = 0; c < 16; c++) {
+                    v16 d = {0};
+                    if (c16 + c < n)
+                        for (int i = 0; i < NV; i++) d += qv[i] * LOAD(krow[c16 + c] + 16 * i);
+                    part[c] = d;
+                }
+                lane_sums16(part, &s[c16 / 16]);
+                s[c16 / 16] *= scale;
+            }
+            memcpy(sc, s, sizeof(float) * (size_t)n);
+            /* online softmax: the new max; the old sum and output rescaled by e^(old max - new max) */
+            float mx = m[j];
+            for (int c = 0; c < n; c++) mx = sc[c] > mx ? sc[c] : mx;
+            const float alpha = m[j] == -INFINITY ? 0.0f : exp_poly(m[j] - mx);
+            float sum = 0.0f;
+            for (int c = 0; c < n; c++) {
+                sc[c] = exp_poly(sc[c] - mx);
+                sum += sc[c];
+            }
+            l[j] = l[j] * alpha + sum;
+            m[j] = mx;
+            float *a = acc + (size_t)j * D;  /* values: the output row in registers over the chunk */
+            for (int i = 0; i < NV; i++) o[i] = LOAD(a + 16 * i) * alpha;
+            for (int c = 0; c < n; c++)
+                for (int i = 0; i < NV; i++) o[i] += sc[c] * LOAD(vrow[c] + 16 * i);
+            for (int i = 0; i < NV; i++) *(v16u *)(a + 16 * i) = o[i];
+        }
+    }
+}
+
+/* attend with NV as a constant for the common head widths (32, 64, 128), so its loops unroll. */
+INLINE void attend_any(const float *q, int g, const float *k, const float *v, const int64_t *slots,
+                       int64_t p0, int64_t p1, int Hkv, int h, int D, float scale, float *m, float *l, float *acc) {
+    switch (D) {
+    case 32: attend(q, g, k, v, slots, p0, p1, Hkv, h, 2, scale, m, l, acc); break;
+    case 64: attend(q, g, k, v, slots, p0, p1, Hkv, h, 4, scale, m, l, acc); break;
+    case 128: attend(q, g, k, v, slots, p0, p1, Hkv, h, 8, scale, m, l, acc); break;
+    default: attend(q, g, k, v, slots, p0, p1, Hkv, h, D / 16, scale, m, l, acc);
+    }
+}
+
 CLONES void inferlab_paged_decode(const float *q, const float *k, const float *v, const int64_t *slots,
                                   const int64_t *context_lens, int B, int Hq, int Hkv, int D, int S, int window,
                                   float scale, float *out, int nthreads) {
-    const int G = Hq / Hkv;
-    #pragma omp parallel num_threads(nthreads) if (B * Hq > 1)
-    {
-        float *scores = NULL;
-        int64_t capacity = 0;
-        #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * Hq; bh++) {
-            const int b = bh / Hq, hq = bh % Hq, h = hq / G;
-            const int64_t ctx = context_lens[b];
-            const int64_t lo = window > 0 && ctx > window ? ctx - window : 0;
-            const int64_t n = ctx - lo;
-            float *ob = out + ((int64_t)b * Hq + hq) * D;
-            for (int i = 0; i < D; i++) ob[i] = 0.0f;
-            if (n > capacity) {
-                float *grown = realloc(scores, sizeof(float) * (size_t)n);
-                if (!grown) continue;  /* out of memory: this head stays zero */
-                scores = grown;
-                capacity = n;
-            }
-            if (n <= 0) continue;
-            const float *qb = q + ((int64_t)b * Hq + hq) * D;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int64_t p = 0; p < n; p++) {  /* scores */
-                const float *kp = k + (slots[(int64_t)b * S + lo + p] * Hkv + h) * D;
-                const float sc = dot(qb, kp, D) * scale;
-                scores[p] = sc;
-                if (sc > mx) mx = sc;
-            }
-            for (int64_t p = 0; p < n; p++) {  /* softmax, max subtracted first */
-                const float e = expf(scores[p] - mx);
-                scores[p] = e;
-                sum += e;
-            }
-            for (int64_t p = 0; p < n; p++) {  /* the weighted values */
-                const float *vp = v + (slots[(int64_t)b * S + lo + p] * Hkv + h) * D;
-                const float w = scores[p] / sum;
-                for (int i = 0; i < D; i++) ob[i] += w * vp[i];
-            }
-        }
-        free(scores);
+    const int G = Hq / Hkv, groups = (G + MAX_G - 1) / MAX_G, heads = B * Hkv * groups;
+    /* Parts per piece: enough pieces for 4 per thread when the batch is small, none shorter than
+       a few chunks (a part's fixed cost is its merge). */
+    int64_t longest = 0;
+    for (int b = 0; b < B; b++) longest = context_lens[b] > longest ? context_lens[b] : longest;
+    if (window > 0 && longest > window) longest = window;
+    int parts = nthreads > 1 ? (4 * nthreads + heads - 1) / heads : 1;
+    const int64_t most = (longest + 4 * CHUNK - 1) / (4 * CHUNK);
+    if (parts > most) parts = (int)most;
+    if (parts < 1) parts = 1;
+    const int part_floats = MAX_G * (D + 2);  /* m, l and acc of one part's heads */
+    float *partial = parts > 1 ? malloc(sizeof(float) * (size_t)heads * parts * part_floats) : NULL;
+    if (!partial) parts = 1;  /* one part per piece needs no merge buffer */
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (heads * parts > 1)
+    for (int w = 0; w < heads * parts; w++) {
+        const int piece = w / parts, part = w % parts;
+        const int b = piece / (Hkv * groups), h = piece / groups % Hkv, j0 = piece % groups * MAX_G;
+        const int g = G - j0 < MAX_G ? G - j0 : MAX_G;
+        const int64_t ctx = context_lens[b];
+        const int64_t lo = window > 0 && ctx > window ? ctx - window : 0;
+        const int64_t n = ctx > lo ? ctx - lo : 0;
+        const int64_t p0 = lo + n * part / parts, p1 = lo + n * (part + 1) / parts;
+        const float *qb = q + ((int64_t)b * Hq + (int64_t)h * G + j0) * D;
+        float *ob = out + ((int64_t)b * Hq + (int64_t)h * G + j0) * D;
+        float m_own[MAX_G], l_own[MAX_G], acc_own[MAX_G * MAX_D];
+        float *m = partial ? partial + (size_t)w * part_floats : m_own;
+        float *l = partial ? m + MAX_G : l_own;
+        float *acc = partial ? m + 2 * MAX_G : acc_own;
+        attend_any(qb, g, k, v, slots + (int64_t)b * S, p0, p1, Hkv, h, D, scale, m, l, acc);
+        if (!partial)  /* the whole context in one part: normalise into out */
+            for (int j = 0; j < g; j++)
+                for (int i = 0; i < D; i++) ob[(size_t)j * D + i] = l[j] > 0.0f ? acc[(size_t)j * D + i] / l[j] : 0.0f;
     }
+    if (!partial) return;
+    /* Merge each piece's parts: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p, M the largest m_p. */
+    for (int piece = 0; piece < heads; piece++) {
+        const int b = piece / (Hkv * groups), h = piece / groups % Hkv, j0 = piece % groups * MAX_G;
+        const int g = G - j0 < MAX_G ? G - j0 : MAX_G;
+        float *ob = out + ((int64_t)b * Hq + (int64_t)h * G + j0) * D;
+        for (int j = 0; j < g; j++) {
+            float M = -INFINITY, L = 0.0f;
+            for (int p = 0; p < parts; p++) {
+                const float mp = partial[(size_t)(piece * parts + p) * part_floats + j];
+                M = mp > M ? mp : M;
+            }
+            float *o = ob + (size_t)j * D;
+            for (int i = 0; i < D; i++) o[i] = 0.0f;
+            if (M == -INFINITY) continue;  /* no key seen: zero, as a one-part piece */
+            for (int p = 0; p < parts; p++) {
+                const float *base = partial + (size_t)(piece * parts + p) * part_floats;
+                if (base[j] == -INFINITY) continue;
+                const float f = expf(base[j] - M);
+                L += f * base[MAX_G + j];
+                const float *a = base + 2 * MAX_G + (size_t)j * D;
+                for (int i = 0; i < D; i++) o[i] += f * a[i];
+            }
+            for (int i = 0; i < D; i++) o[i] /= L;
+        }
+    }
+    free(partial);
 }

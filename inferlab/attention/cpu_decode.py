@@ -14,7 +14,7 @@ import torch
 from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-DEPENDS = (Path(__file__).parent.parent / "clones.h",)  # what cpu_decode.c includes
+DEPENDS = (Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")  # what cpu_decode.c includes
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _SIGNATURES = (("inferlab_paged_decode", (_p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _p, _i)),)
 
@@ -27,7 +27,7 @@ def paged_decode(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, 
     b, hq, d = q.shape
     hkv = k_slots.shape[1]
     if not (runs(q, k_slots, v_slots) and k_slots.is_contiguous() and v_slots.is_contiguous()
-            and hq % hkv == 0 and hq // hkv <= 64) or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
+            and hq % hkv == 0 and d % 16 == 0 and d <= 256) or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
         return None
     q = q.contiguous()
     slots = slots.to(torch.int64).contiguous()

@@ -30,7 +30,7 @@ from inferlab.loop_settings import settings
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
-           Path(__file__).parent.parent / "clones.h")
+           Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")
 MAX_ROWS = 32  #: the loops' own limit (``inferlab.quant.vnni.MAX_LOOP_ROWS``): a decode batch or a few verifies
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIG_P_I, SIG_PP_I, SIG_PPP_II = 0, 1, 2
@@ -113,7 +113,9 @@ class _Plan:
         self.tensors: list[tuple[torch.Tensor, int]] = []  # (tensor, data_ptr) that must not move
         self.hook_dicts: list[dict] = []
         self.cache = cache
-        self.ok = True
+        self.ok = cfg.head_dim % 16 == 0 and cfg.head_dim <= 256  # what cpu_decode.c's attention takes
+        if not self.ok:
+            return
         for i, layer in enumerate(model.model.layers):
             attn, mlp = layer.__dict__["_modules"].get("self_attn"), layer.__dict__["_modules"].get("mlp")
             norms = layer.input_layernorm, layer.post_attention_layernorm

@@ -11,7 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../clones.h"  /* CLONES: a build per x86 level, for the SiLU loop below */
+#include "../clones.h"    /* CLONES: a build per x86 level, for the SiLU loop below */
+#include "../exp_poly.h"  /* exp_poly: exp in arithmetic the compiler vectorises */
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `dim` floats (contiguous).
    The sum of squares is accumulated in double: one long float sum would drift from torch's
@@ -47,36 +48,6 @@ void inferlab_rope(float *x, int tokens, int heads, int D, int64_t token_stride,
             }
         }
     }
-}
-
-/* exp(x) in arithmetic a compiler vectorises (libm's expf is a call per value: 1536 of them a layer
-   took longer than the rest of the gate). Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2 (ln2 split in
-   two so that n ln2 is exact), exp(r) by its degree-7 polynomial, times 2^n written into the
-   exponent bits. Within about 2 ulp of expf; x is clamped to [-87, 88], where exp stays a normal
-   float: silu of a gate beyond those bounds is then x, or within |x| / 1e38 of 0. */
-static inline float exp_poly(float x) {
-    /* x clamped to [-87, 88] on its bits: compared as floats, a loop stays scalar (GCC keeps the NaN
-       rules of fminf and of float compares). As int32, a positive float orders like its bits, and a
-       negative one grows towards zero as it grows in magnitude. */
-    union { float f; int32_t i; } b;
-    b.f = x;
-    const int32_t hi = 0x42B00000, lo = (int32_t)0xC2AE0000;  /* 88.0f and -87.0f */
-    b.i = b.i >= 0 ? (b.i > hi ? hi : b.i) : (b.i > lo ? lo : b.i);
-    x = b.f;
-    const int ni = (int)(x * 1.44269504088896341f + 127.5f) - 127;  /* round(x / ln2): positive before the cut */
-    const float n = (float)ni;
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    union { float f; int32_t i; } scale;
-    scale.i = (ni + 127) << 23;
-    return p * scale.f;
 }
 
 /* out[r] = silu(gate[r]) * up[r] = gate / (1 + exp(-gate)) * up, the SwiGLU gate, for `rows` rows of

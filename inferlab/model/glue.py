@@ -17,7 +17,7 @@ import torch
 from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("glue.c")
-DEPENDS = (Path(__file__).parent.parent / "clones.h",)  # what glue.c includes
+DEPENDS = (Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")  # what glue.c includes
 MAX_ROWS = 32  # silu_mul's loop is one thread: up to a decode step's rows (inferlab.model.decode_layers.MAX_ROWS)
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),

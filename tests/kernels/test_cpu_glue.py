@@ -91,6 +91,36 @@ def test_paged_decode_matches_the_torch_path_on_ragged_contexts(hq, hkv):
 
 
 @needs_c
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (16, 1, 32), (4, 2, 128), (2, 1, 48)])
+@pytest.mark.parametrize("lens", [[517], [1, 33, 300], [64, 0, 95, 32, 7]])
+def test_paged_decode_over_many_chunks_and_split_contexts(hq, hkv, d, lens):
+    """Contexts of several chunks of 32 keys, whose running max grows from chunk to chunk (the online
+    softmax's rescaling); one sequence, whose context is cut into parts for the threads and merged;
+    more query heads per K/V head than one piece takes (16 to 1); a context of no keys."""
+    torch.manual_seed(len(lens) * 100 + d)
+    bs, blocks = 16, 64
+    k_slots, v_slots = _cache(blocks * bs, hkv, d)
+    k_slots[::7] *= 4  # a few keys far above the rest: the max moves late in a context
+    lens = torch.tensor(lens)
+    s = max(int(lens.max()), 1)
+    tables = torch.stack([torch.randperm(blocks)[:(s + bs - 1) // bs] for _ in lens])
+    slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(lens), -1)[:, :s].contiguous()
+    q = torch.randn(len(lens), hq, d)
+    bias = torch.zeros(len(lens), s).masked_fill_(torch.arange(s)[None] >= lens[:, None], float("-inf"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split into parts happens with more than one thread, whatever the machine
+    try:
+        with torch.no_grad():
+            got = cpu_decode.paged_decode(q, k_slots, v_slots, slots, lens)
+            want = torch_paged_decode(q, k_slots, v_slots, slots, bias[:, None, None])
+    finally:
+        torch.set_num_threads(threads)
+    assert got is not None
+    want = torch.where(lens[:, None, None] > 0, want, 0.0)  # no keys: zero (torch: NaN)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_c
 def test_paged_decode_under_a_sliding_window_sees_only_the_last_positions():
     torch.manual_seed(3)
     d, window = 32, 8
