@@ -27,6 +27,7 @@ from torch import nn
 
 from inferlab import native
 from inferlab.loop_settings import settings
+from inferlab.quant.ggml import version
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
@@ -88,7 +89,9 @@ def c_loop(module: nn.Module) -> tuple | None:
         spec = SIG_PPP_II, "int4", (q, module.scales, module.zeros), q.shape[0], g
     elif kind is GGMLLinear:
         ok = module.ggml_type in vnni.BLOCK_TYPES
-        spec = SIG_P_I, module.ggml_type, (q,), q.shape[0], 0
+        tiles = module.tiles()  # Q4_0/Q4_1 in tiles of 16 outputs, where that loop runs
+        spec = (SIG_P_I, module.ggml_type, (q,), q.shape[0], 0) if tiles is None else \
+            (SIG_P_I, f"{module.ggml_type}_tiles", (tiles,), q.shape[0], 0)
     else:
         b = module.blocksize
         ok = b % 32 == 0 and K % b == 0 and module.absmax.dtype == torch.float32 and vnni.nf4_available()
@@ -112,6 +115,7 @@ class _Plan:
         self.watched: list[tuple[dict, str, object]] = []  # (dict, key, value) that must still hold
         self.tensors: list[tuple[torch.Tensor, int]] = []  # (tensor, data_ptr) that must not move
         self.hook_dicts: list[dict] = []
+        self.versions: list[tuple[torch.Tensor, int]] = []  # (tensor, version) whose copy the loops read
         self.cache = cache
         self.ok = cfg.head_dim % 16 == 0 and cfg.head_dim <= 256  # what cpu_decode.c's attention takes
         if not self.ok:
@@ -176,6 +180,9 @@ class _Plan:
         for j, t in enumerate(tensors):
             entry.p[j] = t.data_ptr()
         self._tensors(module)
+        if getattr(module, "_tiles", None) is not None and tensors[0] is module._tiles:
+            # the loop reads a copy of qweight: a change made to qweight in place must rebuild it
+            self.versions.append((module.qweight, version(module.qweight)))
         bias = module.bias
         entry.bias = None if bias is None else bias.data_ptr()
         if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
@@ -184,7 +191,8 @@ class _Plan:
     def holds(self, cache) -> bool:
         """Is every module, tensor and pointer the plan was built from still in place?"""
         return (cache is self.cache and all(d.get(k) is v for d, k, v in self.watched)
-                and all(t.data_ptr() == p for t, p in self.tensors))
+                and all(t.data_ptr() == p for t, p in self.tensors)
+                and all(version(t) == v for t, v in self.versions))
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {loop settings: plan}; not in the

@@ -172,6 +172,27 @@ FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_1": fused.q4_
          "q4_k": fused.q4_k_matmul}
 
 
+def version(t: torch.Tensor) -> int:
+    """t's count of in-place changes; -1 for a tensor made under inference mode, which keeps none
+    (a change in place to such a weight goes unseen by the copies built from it)."""
+    return -1 if t.is_inference() else t._version
+
+
+def block_tiles(qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """Q8_0, Q4_0 or Q4_1 rows [N, bytes] (N a multiple of 16) laid out for the loops over tiles of 16
+    outputs (``inferlab_*_tiles_gemv`` in vnni.c: why): for each tile and each block of 32 columns,
+    the 16 outputs' code bytes interleaved 4 at a time ([code bytes / 4, 16 outputs, 4 bytes]), then
+    their 16 fp16 scales d and (Q4_1) their 16 fp16 mins m. The same bytes, in another order."""
+    _, nbytes = BLOCKS[ggml_type]
+    head = 4 if ggml_type == "q4_1" else 2  # the fp16 numbers before each block's codes: d, and Q4_1's m
+    n = qweight.shape[0]
+    blocks = qweight.view(n // 16, 16, -1, nbytes)  # [tile, output, block, byte]
+    t, b, groups = blocks.shape[0], blocks.shape[2], (nbytes - head) // 4
+    codes = blocks[..., head:].reshape(t, 16, b, groups, 4).permute(0, 2, 3, 1, 4).reshape(t, b, 64 * groups)
+    numbers = [blocks[..., 2 * k:2 * k + 2].permute(0, 2, 1, 3).reshape(t, b, 32) for k in range(head // 2)]
+    return torch.cat([codes, *numbers], dim=-1).contiguous()
+
+
 class GGMLLinear(QuantLinear):
     """A linear layer whose weight rows are llama.cpp blocks (``qweight`` uint8 [out, bytes per row])."""
 
@@ -186,6 +207,8 @@ class GGMLLinear(QuantLinear):
         self.method = self.ggml_type = ggml_type
         self.bits = 8 if ggml_type == "q8_0" else 4
         self.register_buffer("qweight", torch.zeros(out_features, in_features // size * nbytes, dtype=torch.uint8))
+        self._tiles: torch.Tensor | None = None  # qweight as block_tiles lays it out, for the rows loop
+        self._tiles_of: tuple | None = None      # (data_ptr, version) of the qweight they were built from
 
     @classmethod
     def from_float(cls, linear, ggml_type: str) -> "GGMLLinear":
@@ -201,6 +224,23 @@ class GGMLLinear(QuantLinear):
     def fused(self):
         return FUSED[self.ggml_type], self.qweight
 
+    def tiles(self) -> torch.Tensor | None:
+        """qweight in tiles of 16 outputs (:func:`block_tiles`) for the loop that takes several rows
+        at once, built on first use and again whenever qweight changes (a copy: the plain rows stay
+        what is saved, exported and dequantized); None where no such loop runs."""
+        q = self.qweight
+        if self.ggml_type not in vnni.TILED_TYPES or self.out_features % 16 or not q.is_cpu or not vnni.tiles_available():
+            return None
+        of = (q.data_ptr(), version(q))
+        if self._tiles_of != of:
+            self._tiles, self._tiles_of = block_tiles(q, self.ggml_type), of
+        return self._tiles
+
     def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Decode on an x86 CPU with AVX-512 VNNI: the integer dot products of ``inferlab.quant.vnni``."""
+        """Decode on an x86 CPU with AVX-512 VNNI: the integer dot products of ``inferlab.quant.vnni``,
+        over tiles of 16 outputs where the format has that loop."""
+        if not torch.compiler.is_compiling() and (tiles := self.tiles()) is not None:
+            y = vnni.ggml_tiles_linear(x, tiles, self.out_features, self.ggml_type)
+            if y is not None:
+                return y
         return vnni.ggml_linear(x, self.qweight, self.ggml_type)

@@ -298,6 +298,136 @@ VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight
     return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 1);
 }
 
+/* Q4_0, Q4_1 (and Q8_0 below) again, with the weights laid out for several rows: tiles of 16 outputs.
+   The loops above take one output at a time and reduce its dot product across a register, so every
+   (activation row, block of 32) pays a product, a conversion, a lane shuffle and a multiply-add,
+   about 4 instructions per row per 32 weights: at 5 rows the arithmetic, not the memory, sets the
+   time. llama.cpp's CPU backend repacks Q4_0 for the same reason (its "x8" interleaved blocks). Here
+   a tile holds, for each block of 32 columns, the 16 outputs' codes interleaved 4 bytes at a time:
+   register i (64 bytes) is bytes 4i..4i+3 of each output's 16 code bytes, so its low nibbles are
+   columns 4i..4i+3 of the 16 outputs, its high nibbles columns 16+4i..16+4i+3. One vpdpbusd meets
+   them with 4 activation bytes broadcast to every lane: 16 outputs advance at once, and a block is 8
+   of these per row, with the outputs' scales (and Q4_1's mins) applied as one vector of 16. Then d
+   [16] and (Q4_1) m [16] as fp16: 288 or 320 bytes, the same bytes as 16 blocks of the plain layout.
+   inferlab/quant/ggml.py builds the tiles (block_tiles) from the plain rows. */
+VNNI INLINE void nibble_tile_rows(const uint8_t *xq, const float *act, int K, int B, const uint8_t *tile,
+                                  float *y, int N, int t, int m0, const int MR, const int has_min) {
+    const int tile_bytes = has_min ? 320 : 288;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[4], cacc[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); cacc[j] = _mm512_setzero_ps(); }
+    for (int b = 0; b < B; b++) {
+        const uint8_t *p = tile + (size_t)b * tile_bytes;
+        if (m0 == 0) {
+            _mm_prefetch((const char *)(p + 4 * tile_bytes), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 4 * tile_bytes + 64), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 4 * tile_bytes + 128), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 4 * tile_bytes + 192), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + 4 * tile_bytes + 256), _MM_HINT_T0);
+        }
+        __m512i lo[4], hi[4];
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_loadu_si512(p + 64 * i);
+            lo[i] = _mm512_and_si512(v, low);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 256)));
+        const __m512 c = has_min ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 288)))
+                                 : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+        for (int j = 0; j < MR; j++) {
+            const uint8_t *xb = xq + (size_t)(m0 + j) * K + b * 32;
+            __m512i dl = _mm512_setzero_si512(), dh = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) {
+                int32_t x_lo, x_hi;
+                memcpy(&x_lo, xb + 4 * i, 4);
+                memcpy(&x_hi, xb + 16 + 4 * i, 4);
+                dl = _mm512_dpbusd_epi32(dl, lo[i], _mm512_set1_epi32(x_lo));
+                dh = _mm512_dpbusd_epi32(dh, hi[i], _mm512_set1_epi32(x_hi));
+            }
+            const float *a = act + 2 * ((size_t)(m0 + j) * B + b);  /* xs, xs * sum xq */
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dl, dh)), _mm512_mul_ps(d, _mm512_set1_ps(a[0])), acc[j]);
+            cacc[j] = _mm512_fmadd_ps(c, _mm512_set1_ps(a[1]), cacc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_add_ps(acc[j], cacc[j]));
+}
+
+VNNI static inline __attribute__((always_inline)) int nibble_tiles_gemv(
+        const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads, const int has_min) {
+    const int B = K / 32, T = N / 16;
+    const size_t tile_bytes = (size_t)B * (has_min ? 320 : 288);
+    uint8_t *xq; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    float *act = block_constants(xs, xsum, (size_t)M * B);
+    if (!act) { free_activations(xq, xs, xsum); return -1; }
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < T; t++) {
+#define NIBBLE_TILE_ROWS(R) nibble_tile_rows(xq, act, K, B, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, has_min)
+        ROW_CHUNKS(M, NIBBLE_TILE_ROWS);
+    }
+    free(act);
+    free_activations(xq, xs, xsum);
+    return 0;
+}
+
+VNNI int inferlab_q4_0_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 0);
+}
+
+VNNI int inferlab_q4_1_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 1);
+}
+
+/* Q8_0 in the same tiles: per block, 8 registers of 64 bytes (bytes 4i..4i+3 of each of the 16
+   outputs' 32 codes), then the 16 fp16 scales: 544 bytes, as 16 plain blocks. The codes are signed,
+   so the activations take the unsigned side (codes + 128) and the 128 sum q each output gains comes
+   back out: summed once per tile and block (vpdpbusd with ones), shared by every row. */
+VNNI INLINE void q8_0_tile_rows(const uint8_t *xu, const float *xs, int K, int B, const uint8_t *tile,
+                                float *y, int N, int t, int m0, const int MR) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        const uint8_t *p = tile + (size_t)b * 544;
+        if (m0 == 0)
+            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(p + 4 * 544 + 64 * i), _MM_HINT_T0);
+        __m512i w[8], wsum = _mm512_setzero_si512();
+        for (int i = 0; i < 8; i++) {
+            w[i] = _mm512_loadu_si512(p + 64 * i);
+            wsum = _mm512_dpbusd_epi32(wsum, ones, w[i]);
+        }
+        const __m512i shift = _mm512_slli_epi32(wsum, 7);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 512)));
+        for (int j = 0; j < MR; j++) {
+            const uint8_t *xb = xu + (size_t)(m0 + j) * K + b * 32;
+            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, xb + 4 * i, 4);
+                memcpy(&x1, xb + 4 * i + 4, 4);
+                d0 = _mm512_dpbusd_epi32(d0, _mm512_set1_epi32(x0), w[i]);
+                d1 = _mm512_dpbusd_epi32(d1, _mm512_set1_epi32(x1), w[i + 1]);
+            }
+            const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(d0, d1), shift);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(xs[(size_t)(m0 + j) * B + b])), acc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, acc[j]);
+}
+
+VNNI int inferlab_q8_0_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    const int B = K / 32, T = N / 16;
+    uint8_t *xu; float *xs;
+    if (quantized_activations(x, M, K, 32, 127, 0, 128, (void **)&xu, &xs, NULL)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < T; t++) {
+#define Q8_0_TILE_ROWS(R) q8_0_tile_rows(xu, xs, K, B, tiles + (size_t)t * B * 544, y, N, t, m0, R)
+        ROW_CHUNKS(M, Q8_0_TILE_ROWS);
+    }
+    free_activations(xu, xs, NULL);
+    return 0;
+}
+
 /* Q4_K: 144-byte super-blocks of 256 (d, dmin, 12 bytes of 6-bit sub-block scales and mins, 128
    bytes of codes); sub-block j of 32 has w = d * sc_j * q - dmin * m_j, and 32-byte chunk i holds
    sub-block 2i in its low nibbles and 2i + 1 in its high ones (inferlab/quant/ggml.py). */

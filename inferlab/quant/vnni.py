@@ -201,6 +201,14 @@ def nf4_available() -> bool:
 
 _nf4_available = torch._dynamo.assume_constant_result(nf4_available)
 
+#: The block types with a loop over tiles of 16 outputs (``inferlab.quant.ggml.block_tiles``).
+TILED_TYPES = ("q8_0", "q4_0", "q4_1")
+
+
+def tiles_available() -> bool:
+    """Is there a loop over tiles of 16 outputs here (the AVX-512 build and the portable one)?"""
+    return available() and hasattr(_library(), "inferlab_q4_1_tiles_gemv")
+
 
 _FUNCTIONS: dict = {}  # (library, loop name) -> its ctypes function, argument types declared
 
@@ -245,6 +253,10 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
 
 def ggml_gemv(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
     return _run(ggml_type, x, qweight.shape[0], qweight, qweight.shape[0])
+
+
+def ggml_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor:
+    return _run(f"{ggml_type}_tiles", x, n, tiles, n)
 
 
 def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
@@ -300,6 +312,15 @@ def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch
     if ggml_type not in BLOCK_TYPES or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(ggml_gemv, x, qweight, ggml_type)
+
+
+def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor | None:
+    """x [..., K] @ w^T for Q8_0, Q4_0 or Q4_1 weights laid out in tiles of 16 outputs (``n`` of them, a
+    multiple of 16), eager only; None: not here."""
+    if ggml_type not in TILED_TYPES or n % 16 or torch.compiler.is_compiling() or not x.is_contiguous() \
+            or x.dtype is not torch.float32 or not (_usable(x, tiles) and tiles_available()):
+        return None
+    return ggml_tiles_gemv(x, tiles, n, ggml_type)
 
 
 def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,

@@ -65,6 +65,8 @@ PORTABLE __m256i _mm256_slli_epi32(__m256i a, int n) { for (int i = 0; i < 8; i+
 
 /* Integer arithmetic. */
 PORTABLE __m512i _mm512_add_epi32(__m512i a, __m512i b) { for (int i = 0; i < 16; i++) a.i32[i] += b.i32[i]; return a; }
+PORTABLE __m512i _mm512_sub_epi32(__m512i a, __m512i b) { for (int i = 0; i < 16; i++) a.i32[i] -= b.i32[i]; return a; }
+PORTABLE __m512i _mm512_slli_epi32(__m512i a, int n) { for (int i = 0; i < 16; i++) a.i32[i] = (int32_t)((uint32_t)a.i32[i] << n); return a; }
 PORTABLE __m256i _mm256_sub_epi32(__m256i a, __m256i b) { for (int i = 0; i < 8; i++) a.i32[i] -= b.i32[i]; return a; }
 
 /* vpdpbusd: each 32-bit lane adds the four products of a's unsigned bytes with b's signed bytes. */
@@ -113,6 +115,7 @@ PORTABLE __m128i _mm_shufflelo_epi16(__m128i a, int imm) {
     return r;
 }
 PORTABLE __m128 _mm_cvtph_ps(__m128i a) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = _cvtsh_ss(a.u16[i]); return r; }
+PORTABLE __m512 _mm512_cvtph_ps(__m256i a) { __m512 r; for (int i = 0; i < 16; i++) r.f[i] = _cvtsh_ss(a.u16[i]); return r; }
 PORTABLE __m128 _mm_set1_ps(float v) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = v; return r; }
 PORTABLE __m128 _mm_set_ps(float e3, float e2, float e1, float e0) { __m128 r = {{e0, e1, e2, e3}}; return r; }
 PORTABLE __m128 _mm_setzero_ps(void) { return _mm_set1_ps(0.f); }
@@ -126,6 +129,9 @@ PORTABLE __m512 _mm512_permutexvar_ps(__m512i idx, __m512 a) { __m512 r; for (in
 PORTABLE __m512 _mm512_cvtepi32_ps(__m512i a) { __m512 r; for (int i = 0; i < 16; i++) r.f[i] = (float)a.i32[i]; return r; }
 PORTABLE __m256 _mm256_cvtepi32_ps(__m256i a) { __m256 r; for (int i = 0; i < 8; i++) r.f[i] = (float)a.i32[i]; return r; }
 PORTABLE __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) { for (int i = 0; i < 16; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return c; }
+PORTABLE __m512 _mm512_mul_ps(__m512 a, __m512 b) { for (int i = 0; i < 16; i++) a.f[i] *= b.f[i]; return a; }
+PORTABLE __m512 _mm512_add_ps(__m512 a, __m512 b) { for (int i = 0; i < 16; i++) a.f[i] += b.f[i]; return a; }
+PORTABLE void _mm512_storeu_ps(float *p, __m512 a) { memcpy(p, a.f, 64); }
 PORTABLE __m256 _mm256_fmadd_ps(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return c; }
 PORTABLE float _mm512_reduce_add_ps(__m512 a) { float s = 0.f; for (int i = 0; i < 16; i++) s += a.f[i]; return s; }
 

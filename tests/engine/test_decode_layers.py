@@ -14,7 +14,7 @@ from inferlab.quant import quantize_model
 from inferlab.quant.fused import compiler_available
 from inferlab.sampling import SamplingParams
 
-from .conftest import run_all
+from .conftest import make_engine, run_all
 from .test_spec_decode import NGRAM, PROMPTS, run
 
 pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C compiler: the layers run module by module")
@@ -42,7 +42,7 @@ def compared(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("method", [None, "int8", "int4", "q8_0", "q4_0", "nf4"])
+@pytest.mark.parametrize("method", [None, "int8", "int4", "q8_0", "q4_0", "q4_1", "nf4"])
 def test_decodes_are_the_modules_bits(target, compared, method):
     """A batch of decodes of different lengths: the C layers write what the modules compute, bit for bit."""
     model, tok = target
@@ -105,6 +105,32 @@ def test_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatc
     calls.clear()
     run((model, tok), PROMPTS[:1], params)
     assert calls == [False, False, False]
+
+
+def test_a_quantized_weight_changed_in_place_is_read(target, monkeypatch):
+    """Q4_1's loop reads a copy of qweight laid out in tiles of 16 outputs: a change made to qweight in
+    place (load_state_dict copies in place) between two steps of one engine rebuilds the copy, in the
+    C layers as in the modules."""
+    model, tok = target
+    model = copy.deepcopy(model)
+    quantize_model(model, "q4_1")
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine = make_engine((model, tok))
+
+    def generate(name):
+        engine.add_request(name, PROMPTS[0], params)
+        return run_all(engine)[name].outputs[0].token_ids
+    before = generate("before")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.qweight.zero_()  # d = m = 0: every o_proj now gives zeros
+    calls = []
+    real = decode_layers.run
+    monkeypatch.setattr(decode_layers, "run", lambda *a: calls.append(real(*a)) or calls[-1])
+    fused = generate("fused")
+    assert calls == [False, True, True, True]
+    monkeypatch.setattr(decode_layers, "run", lambda *a: False)
+    assert fused == generate("modules") != before
 
 
 @pytest.mark.parametrize("variant", ["llama_bias", "mistral_window8", "qwen2_bias"])

@@ -113,6 +113,35 @@ def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(loops, ggml_t
     assert (out - ref).abs().max() > 0
 
 
+@pytest.mark.parametrize("ggml_type", vnni.TILED_TYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+def test_tiles_of_16_outputs_are_the_blocks_arithmetic(loops, ggml_type, rows):
+    """The loops over tiles of 16 outputs (48 outputs: three tiles) compute what the plain loops do:
+    the same rounded activations against the dequantized blocks, in another order."""
+    torch.manual_seed(rows)
+    k = 96
+    mod = GGMLLinear.from_float(nn.Linear(k, 48, bias=False), ggml_type)
+    x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)
+    xq, xs = _codes(x.view(rows, k // 32, 32))
+    with torch.inference_mode():
+        out = mod(x)
+        plain = vnni.ggml_gemv(x, mod.qweight, ggml_type)
+    assert (mod._tiles is not None) == vnni.tiles_available()
+    model = (xq * xs).view(rows, k) @ mod.dequantize().t()
+    torch.testing.assert_close(out, model, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_tiles_follow_a_weight_changed_in_place(loops):
+    torch.manual_seed(0)
+    mod, other = (GGMLLinear.from_float(nn.Linear(64, 32, bias=False), "q4_1") for _ in range(2))
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        mod(x)
+        mod.qweight.copy_(other.qweight)
+        torch.testing.assert_close(mod(x), other(x))
+
+
 @pytest.mark.parametrize("blocksize,rows", [(64, 1), (128, 3)])
 def test_nf4_is_exact(loops, blocksize, rows, monkeypatch):
     """NF4's loop looks the code values up in float and rounds no activation: the reference's
