@@ -33,7 +33,8 @@ def paged_decode(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, 
     slots = slots.to(torch.int64).contiguous()
     lens = context_lens.to(torch.int64).contiguous()
     out = torch.empty_like(q)
-    lib.inferlab_paged_decode(q.data_ptr(), k_slots.data_ptr(), v_slots.data_ptr(), slots.data_ptr(),
-                              lens.data_ptr(), b, hq, hkv, d, slots.shape[1], window or 0, d ** -0.5,
-                              out.data_ptr(), torch.get_num_threads())
+    if lib.inferlab_paged_decode(q.data_ptr(), k_slots.data_ptr(), v_slots.data_ptr(), slots.data_ptr(),
+                                 lens.data_ptr(), b, hq, hkv, d, slots.shape[1], window or 0, d ** -0.5,
+                                 out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("inferlab: paged decode attention could not allocate its buffer")
     return out

@@ -116,8 +116,8 @@ int inferlab_decode_layers(float *x, const Layer *layers, int n_layers, const St
             memcpy(L->k_cache + s->slot_mapping[r] * nkv, part[1] + r * stride[1], sizeof(float) * nkv);
             memcpy(L->v_cache + s->slot_mapping[r] * nkv, part[2] + r * stride[2], sizeof(float) * nkv);
         }
-        inferlab_paged_decode(q, L->k_cache, L->v_cache, s->slots, s->row_len, M, s->hq, s->hkv, D, s->S,
-                              s->window, s->scale, att, s->nthreads);
+        if ((err = inferlab_paged_decode(q, L->k_cache, L->v_cache, s->slots, s->row_len, M, s->hq, s->hkv, D,
+                                         s->S, s->window, s->scale, att, s->nthreads))) break;
         if ((err = run_linear(&L->o, att, M, nq, y, s->nthreads))) break;
         for (int64_t i = 0; i < (int64_t)M * H; i++) x[i] += y[i];
         /* MLP: norm, gate and up, silu(gate) * up, down, residual */
