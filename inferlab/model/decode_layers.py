@@ -27,7 +27,7 @@ from torch import nn
 
 from inferlab import native
 from inferlab.loop_settings import settings
-from inferlab.quant.ggml import version
+from inferlab.quant.base import version
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
@@ -81,7 +81,9 @@ def c_loop(module: nn.Module) -> tuple | None:
     q = module.qweight
     if kind is Int8Linear:
         ok = K % 32 == 0 and module.scales.dtype == torch.float16 and module.scales.is_contiguous()
-        spec = SIG_PP_I, "int8", (q, module.scales), q.shape[0], 0
+        tiles = module.tiles()  # in tiles of 16 outputs, where that loop runs
+        spec = SIG_PP_I, "int8" if tiles is None else "int8_tiles", (q if tiles is None else tiles, module.scales), \
+            q.shape[0], 0
     elif kind is Int4Linear:
         g = module.group_size
         ok = (module.perm is None and g % 64 == 0 and module.scales.dtype == torch.float16
@@ -180,8 +182,8 @@ class _Plan:
         for j, t in enumerate(tensors):
             entry.p[j] = t.data_ptr()
         self._tensors(module)
-        if getattr(module, "_tiles", None) is not None and tensors[0] is module._tiles:
-            # the loop reads a copy of qweight: a change made to qweight in place must rebuild it
+        if tensors[0] is not getattr(module, "qweight", tensors[0]):
+            # the loop reads a copy of qweight (its tiles): a change made to qweight in place must rebuild it
             self.versions.append((module.qweight, version(module.qweight)))
         bias = module.bias
         entry.bias = None if bias is None else bias.data_ptr()

@@ -23,6 +23,12 @@ class QuantizationError(InferlabError, ValueError):
     """A method, bit width or group size inferlab cannot quantize with (the message says why)."""
 
 
+def version(t: torch.Tensor) -> int:
+    """t's count of in-place changes; -1 for a tensor made under inference mode, which keeps none
+    (a change in place to such a tensor goes unseen by what was derived from it)."""
+    return -1 if t.is_inference() else t._version
+
+
 class QuantLinear(nn.Module):
     """Base class: subclasses register their packed buffers and implement ``dequantize``."""
 
@@ -43,6 +49,17 @@ class QuantLinear(nn.Module):
     def fused(self):
         """(function, buffers) of this format's product in ``inferlab.quant.fused``; None: no fast path."""
         return None
+
+    def derived(self, name: str, build, *sources: torch.Tensor) -> torch.Tensor:
+        """``build()``: a tensor made from ``sources`` (another layout of the codes, float scales), kept
+        under ``name`` until one of them moves or changes in place (``load_state_dict`` copies in place)
+        and built again then. Not a buffer: it is not saved, and a copy of the module rebuilds its own."""
+        key = tuple((t.data_ptr(), version(t)) for t in sources)
+        kept = self.__dict__.setdefault("_derived", {})
+        hit = kept.get(name)
+        if hit is None or hit[0] != key:
+            hit = kept[name] = (key, build())
+        return hit[1]
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
         """This format's hand-written product of the prepared input, without the bias (a VNNI loop of

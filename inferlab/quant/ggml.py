@@ -172,12 +172,6 @@ FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_1": fused.q4_
          "q4_k": fused.q4_k_matmul}
 
 
-def version(t: torch.Tensor) -> int:
-    """t's count of in-place changes; -1 for a tensor made under inference mode, which keeps none
-    (a change in place to such a weight goes unseen by the copies built from it)."""
-    return -1 if t.is_inference() else t._version
-
-
 def block_tiles(qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
     """Q8_0, Q4_0 or Q4_1 rows [N, bytes] (N a multiple of 16) laid out for the loops over tiles of 16
     outputs (``inferlab_*_tiles_gemv`` in vnni.c: why): for each tile and each block of 32 columns,
@@ -207,8 +201,6 @@ class GGMLLinear(QuantLinear):
         self.method = self.ggml_type = ggml_type
         self.bits = 8 if ggml_type == "q8_0" else 4
         self.register_buffer("qweight", torch.zeros(out_features, in_features // size * nbytes, dtype=torch.uint8))
-        self._tiles: torch.Tensor | None = None  # qweight as block_tiles lays it out, for the rows loop
-        self._tiles_of: tuple | None = None      # (data_ptr, version) of the qweight they were built from
 
     @classmethod
     def from_float(cls, linear, ggml_type: str) -> "GGMLLinear":
@@ -226,15 +218,12 @@ class GGMLLinear(QuantLinear):
 
     def tiles(self) -> torch.Tensor | None:
         """qweight in tiles of 16 outputs (:func:`block_tiles`) for the loop that takes several rows
-        at once, built on first use and again whenever qweight changes (a copy: the plain rows stay
-        what is saved, exported and dequantized); None where no such loop runs."""
+        at once, kept until qweight changes (a copy: the plain rows stay what is saved, exported and
+        dequantized); None where no such loop runs."""
         q = self.qweight
         if self.ggml_type not in vnni.TILED_TYPES or self.out_features % 16 or not q.is_cpu or not vnni.tiles_available():
             return None
-        of = (q.data_ptr(), version(q))
-        if self._tiles_of != of:
-            self._tiles, self._tiles_of = block_tiles(q, self.ggml_type), of
-        return self._tiles
+        return self.derived("tiles", lambda: block_tiles(q, self.ggml_type), q)
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
         """Decode on an x86 CPU with AVX-512 VNNI: the integer dot products of ``inferlab.quant.vnni``,

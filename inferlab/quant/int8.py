@@ -18,6 +18,14 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def int8_tiles(qweight: torch.Tensor) -> torch.Tensor:
+    """INT8 codes [N, K] (N a multiple of 16, K of 32) laid out for ``inferlab_int8_tiles_gemv``
+    (vnni.c): for each tile of 16 outputs and each block of 32 columns, 16 column pairs of
+    [16 outputs, 2 codes]. The same bytes, in another order."""
+    n, k = qweight.shape
+    return qweight.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
 class Int8Linear(QuantLinear):
     method, bits = "int8", 8
 
@@ -39,13 +47,15 @@ class Int8Linear(QuantLinear):
 
     def _float_scales(self) -> torch.Tensor:
         """The fp16 scales as float32, converted once (N numbers), again if the buffer changes."""
-        try:
-            key = (self.scales.data_ptr(), self.scales._version)
-        except RuntimeError:  # an inference-mode tensor has no version counter: convert every time
-            return self.scales.float()
-        if getattr(self, "_scales_key", None) != key:
-            self._scales_key, self._scales32 = key, self.scales.float()
-        return self._scales32
+        return self.derived("scales32", self.scales.float, self.scales)
+
+    def tiles(self) -> torch.Tensor | None:
+        """qweight in tiles of 16 outputs (:func:`int8_tiles`) for the loop that takes several rows at
+        once, kept until qweight changes; None where no such loop runs."""
+        q = self.qweight
+        if self.out_features % 16 or self.in_features % 32 or not q.is_cpu or not vnni.tiles_available():
+            return None
+        return self.derived("tiles", lambda: int8_tiles(q), q)
 
     def fused(self):
         return fused.int8_matmul, self.qweight, self.scales
@@ -54,7 +64,11 @@ class Int8Linear(QuantLinear):
         """On the CPU, integer products: ``inferlab.quant.vnni``'s loop where the CPU has AVX-512
         VNNI, else ``torch._int_mm`` (:func:`inferlab.quant.fused.int8_w8a8`); None elsewhere (on a
         GPU the compiled dequantize-inside-the-reduction product runs, the reference above it)."""
-        y = vnni.int8_linear(x, self.qweight, self.scales)
+        y = None
+        if not torch.compiler.is_compiling() and (tiles := self.tiles()) is not None:
+            y = vnni.int8_tiles_linear(x, tiles, self.scales)
+        if y is None:
+            y = vnni.int8_linear(x, self.qweight, self.scales)
         if y is None:
             scales = self.scales.float() if torch.compiler.is_compiling() else self._float_scales()
             y = fused.w8a8_call(x, self.qweight, scales)

@@ -93,6 +93,53 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
     return 0;
 }
 
+/* INT8 in tiles of 16 outputs (as the llama.cpp blocks below; why there): for each block of 32
+   columns, 16 registers' worth of [16 outputs x 2 codes] (32 bytes, widened to int16 in a register),
+   so one vpdpwssd advances 16 outputs against a broadcast pair of int16 activations; the channel
+   scales of the tile multiply its 16 sums at the end. inferlab/quant/int8.py builds the tiles. */
+VNNI INLINE void int8_tile_rows(const int16_t *xq, const float *xs, int K, int B, const int8_t *tile,
+                                const uint16_t *scales, float *y, int N, int t, int m0, const int MR) {
+    __m512 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < B; b++) {
+        const int8_t *p = tile + (size_t)b * 512;
+        if (m0 == 0)
+            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(p + 4 * 512 + 64 * i), _MM_HINT_T0);
+        __m512i dot0[4], dot1[4];
+        for (int j = 0; j < MR; j++) { dot0[j] = _mm512_setzero_si512(); dot1[j] = _mm512_setzero_si512(); }
+        for (int i = 0; i < 16; i += 2) {
+            const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 32 * i)));
+            const __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 32 * i + 32)));
+            for (int j = 0; j < MR; j++) {
+                int32_t x0, x1;  /* columns 2i, 2i + 1 and 2i + 2, 2i + 3 of row m0 + j */
+                memcpy(&x0, xq + (size_t)(m0 + j) * K + b * 32 + 2 * i, 4);
+                memcpy(&x1, xq + (size_t)(m0 + j) * K + b * 32 + 2 * i + 2, 4);
+                dot0[j] = _mm512_dpwssd_epi32(dot0[j], _mm512_set1_epi32(x0), w0);
+                dot1[j] = _mm512_dpwssd_epi32(dot1[j], _mm512_set1_epi32(x1), w1);
+            }
+        }
+        for (int j = 0; j < MR; j++)
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0[j], dot1[j])),
+                                     _mm512_set1_ps(xs[(size_t)(m0 + j) * B + b]), acc[j]);
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scales + 16 * t)));
+    for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_mul_ps(acc[j], s));
+}
+
+VNNI int inferlab_int8_tiles_gemv(const float *x, int M, int K, const int8_t *tiles, const uint16_t *scales,
+                                  int N, float *y, int nthreads) {
+    const int B = K / 32, T = N / 16;
+    int16_t *xq; float *xs;
+    if (quantized_activations(x, M, K, 32, 32767, 0, 0, (void **)&xq, &xs, NULL)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < T; t++) {
+#define INT8_TILE_ROWS(R) int8_tile_rows(xq, xs, K, B, tiles + (size_t)t * 16 * K, scales, y, N, t, m0, R)
+        ROW_CHUNKS(M, INT8_TILE_ROWS);
+    }
+    free_activations(xq, xs, NULL);
+    return 0;
+}
+
 /* INT4 weights: qweight [N, K / 2] bytes, byte j = code 2j (low nibble) | code 2j + 1 (high),
    fp16 scales and uint8 zeros [N, K / G], w = (q - z) * s; x [M, K] -> y [M, N]. G % 64 == 0.
    The activations are quantized per group and split into even and odd columns, so 64 bytes of

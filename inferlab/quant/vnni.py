@@ -206,7 +206,8 @@ TILED_TYPES = ("q8_0", "q4_0", "q4_1")
 
 
 def tiles_available() -> bool:
-    """Is there a loop over tiles of 16 outputs here (the AVX-512 build and the portable one)?"""
+    """Are there loops over tiles of 16 outputs here (INT8's and the TILED_TYPES': the AVX-512 build
+    and the portable one)?"""
     return available() and hasattr(_library(), "inferlab_q4_1_tiles_gemv")
 
 
@@ -312,6 +313,19 @@ def ggml_linear(x: torch.Tensor, qweight: torch.Tensor, ggml_type: str) -> torch
     if ggml_type not in BLOCK_TYPES or not (qweight.is_contiguous() and _usable(x, qweight)):
         return None
     return _call(ggml_gemv, x, qweight, ggml_type)
+
+
+def int8_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return _run("int8_tiles", x, scales.shape[0], tiles, scales, scales.shape[0])
+
+
+def int8_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
+    """x [..., K] @ w^T for INT8 codes laid out in tiles of 16 outputs (``inferlab.quant.int8.int8_tiles``)
+    with int16 activations per block of 32, eager only; None: not here."""
+    if scales.dtype != torch.float16 or not scales.is_contiguous() or torch.compiler.is_compiling() \
+            or not x.is_contiguous() or x.dtype is not torch.float32 or not (_usable(x, tiles) and tiles_available()):
+        return None
+    return int8_tiles_gemv(x, tiles, scales)
 
 
 def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor | None:
