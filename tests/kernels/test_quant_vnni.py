@@ -35,7 +35,9 @@ def loops(request, monkeypatch):
 def _codes(x: torch.Tensor, top: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] -> (codes, scale [..., 1]) the way vnni.c rounds: x * (top / amax), half to even."""
     amax = x.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, top / amax, torch.zeros_like(amax))
+    # a tensor by a tensor: `top / amax` would be amax.reciprocal() * top (Python's reflected
+    # division), one rounding more than C's levels / amax, and a product near a tie rounds otherwise
+    inv = torch.where(amax > 0, torch.full_like(amax, top) / amax, torch.zeros_like(amax))
     return torch.round(x * inv), amax / top
 
 
