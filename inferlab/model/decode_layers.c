@@ -22,14 +22,16 @@
 #include "glue.c"
 #include "../attention/cpu_decode.c"
 
-/* The three shapes of a linear loop's arguments between (x, M, K) and (y, nthreads). */
+/* The four shapes of a linear loop's arguments between (x, M, K) and (y, nthreads). */
 enum { SIG_P_I = 0,     /* f32 (weight, N), llama.cpp blocks (qweight, N) */
        SIG_PP_I = 1,    /* int8 (qweight, scales, N) */
-       SIG_PPP_II = 2   /* int4 (qweight, scales, zeros, N, group), nf4 (qweight, absmax, code, N, blocksize) */ };
+       SIG_PPP_II = 2,  /* int4 (qweight, scales, zeros, N, group), nf4 (qweight, absmax, code, N, blocksize) */
+       SIG_P_II = 3     /* int4 in tiles (tiles, N, group) */ };
 
 typedef int (*loop_p_i)(const float *, int, int, const void *, int, float *, int);
 typedef int (*loop_pp_i)(const float *, int, int, const void *, const void *, int, float *, int);
 typedef int (*loop_ppp_ii)(const float *, int, int, const void *, const void *, const void *, int, int, float *, int);
+typedef int (*loop_p_ii)(const float *, int, int, const void *, int, int, float *, int);
 
 typedef struct {
     void *fn;            /* the loop */
@@ -63,8 +65,10 @@ static int run_linear(const Linear *l, const float *x, int M, int K, float *y, i
         err = ((loop_p_i)l->fn)(x, M, K, l->p[0], l->n_out, y, nthreads);
     else if (l->sig == SIG_PP_I)
         err = ((loop_pp_i)l->fn)(x, M, K, l->p[0], l->p[1], l->n_out, y, nthreads);
-    else
+    else if (l->sig == SIG_PPP_II)
         err = ((loop_ppp_ii)l->fn)(x, M, K, l->p[0], l->p[1], l->p[2], l->n_out, l->extra, y, nthreads);
+    else
+        err = ((loop_p_ii)l->fn)(x, M, K, l->p[0], l->n_out, l->extra, y, nthreads);
     if (!err && l->bias)
         for (int r = 0; r < M; r++)
             for (int n = 0; n < l->n_out; n++) y[(int64_t)r * l->n_out + n] += l->bias[n];

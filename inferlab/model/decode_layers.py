@@ -34,7 +34,7 @@ DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "a
            Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")
 MAX_ROWS = 32  #: the loops' own limit (``inferlab.quant.vnni.MAX_LOOP_ROWS``): a decode batch or a few verifies
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-SIG_P_I, SIG_PP_I, SIG_PPP_II = 0, 1, 2
+SIG_P_I, SIG_PP_I, SIG_PPP_II, SIG_P_II = 0, 1, 2, 3
 
 
 class _Linear(ctypes.Structure):
@@ -88,7 +88,9 @@ def c_loop(module: nn.Module) -> tuple | None:
         g = module.group_size
         ok = (module.perm is None and g % 64 == 0 and module.scales.dtype == torch.float16
               and module.zeros.dtype == torch.uint8 and module.scales.is_contiguous() and module.zeros.is_contiguous())
-        spec = SIG_PPP_II, "int4", (q, module.scales, module.zeros), q.shape[0], g
+        tiles = module.tiles()  # in tiles of 16 outputs, where that loop runs
+        spec = (SIG_PPP_II, "int4", (q, module.scales, module.zeros), q.shape[0], g) if tiles is None else \
+            (SIG_P_II, "int4_tiles", (tiles,), q.shape[0], g)
     elif kind is GGMLLinear:
         ok = module.ggml_type in vnni.BLOCK_TYPES
         tiles = module.tiles()  # Q4_0/Q4_1 in tiles of 16 outputs, where that loop runs
@@ -101,7 +103,7 @@ def c_loop(module: nn.Module) -> tuple | None:
     if not (ok and q.is_cpu and q.is_contiguous()):
         return None
     sig, name, tensors, n, extra = spec
-    args = (*tensors, n) if sig != SIG_PPP_II else (*tensors, n, extra)
+    args = (*tensors, n, extra) if sig in (SIG_PPP_II, SIG_P_II) else (*tensors, n)
     return sig, _address(vnni._function(name, args)), tensors, n, extra
 
 
@@ -183,8 +185,8 @@ class _Plan:
             entry.p[j] = t.data_ptr()
         self._tensors(module)
         if tensors[0] is not getattr(module, "qweight", tensors[0]):
-            # the loop reads a copy of qweight (its tiles): a change made to qweight in place must rebuild it
-            self.versions.append((module.qweight, version(module.qweight)))
+            # the loop reads a copy (tiles) of the module's buffers: a change made to one in place must rebuild it
+            self.versions += [(t, version(t)) for t in module.buffers(recurse=False)]
         bias = module.bias
         entry.bias = None if bias is None else bias.data_ptr()
         if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):

@@ -78,6 +78,18 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, bits: int = 4, sym: bo
     return pack_int4(q), scale.half(), zero.to(torch.uint8)
 
 
+def int4_tiles(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """INT4 rows (N a multiple of 16, groups a multiple of 32) laid out for ``inferlab_int4_tiles_gemv``
+    (vnni.c): for each tile of 16 outputs and each group, its blocks of 32 columns as [4, 16 outputs,
+    4 code bytes], then the group's 16 fp16 scales, 16 zero points and 16 bytes of padding."""
+    n, half = qweight.shape
+    t, groups, blocks = n // 16, 2 * half // group_size, group_size // 32
+    codes = qweight.reshape(t, 16, groups, blocks, 4, 4).permute(0, 2, 3, 4, 1, 5).reshape(t, groups, blocks * 256)
+    s = scales.reshape(t, 16, groups).transpose(1, 2).contiguous().view(torch.uint8).view(t, groups, 32)
+    z = zeros.reshape(t, 16, groups).transpose(1, 2)
+    return torch.cat([codes, s, z, torch.zeros_like(z)], dim=-1).contiguous()
+
+
 class Int4Linear(QuantLinear):
     """A linear layer holding group-wise 4-bit codes (see the module docstring for the layout)."""
 
@@ -130,10 +142,23 @@ class Int4Linear(QuantLinear):
         ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 64), else (None) the
         compiled product of ``inferlab.quant.fused``, and dequantize-then-matmul for prefill."""
         if not x.is_cuda:
+            if not torch.compiler.is_compiling() and (tiles := self.tiles()) is not None:
+                y = vnni.int4_tiles_linear(x, tiles, self.out_features, self.group_size)
+                if y is not None:
+                    return y
             return vnni.int4_linear(x, self.qweight, self.scales, self.zeros, self.group_size)
         from inferlab.kernels.w4a16_matmul import w4a16_matmul
 
         return w4a16_matmul(x, self.qweight, self.scales, self.zeros, self.group_size)
+
+    def tiles(self) -> torch.Tensor | None:
+        """The codes, scales and zero points in tiles of 16 outputs (:func:`int4_tiles`) for the loop that
+        takes several rows at once, kept until one of them changes; None where no such loop runs."""
+        q, s, z = self.qweight, self.scales, self.zeros
+        if (self.perm is not None or self.group_size % 32 or self.out_features % 16 or s.dtype != torch.float16
+                or z.dtype != torch.uint8 or not q.is_cpu or not vnni.tiles_available()):
+            return None
+        return self.derived("tiles", lambda: int4_tiles(q, s, z, self.group_size), q, s, z)
 
     def dequantize_original_order(self) -> torch.Tensor:
         w = self.dequantize()

@@ -208,6 +208,72 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
     return 0;
 }
 
+/* INT4 in tiles of 16 outputs: for each group, its blocks of 32 columns as 4 registers of [16 outputs
+   x 4 code bytes] (a byte: an even column in its low nibble, the next odd one in its high), then the
+   group's 16 fp16 scales and 16 zero points (and 16 bytes of padding): 64 bytes per group where
+   the plain rows take 48. Low nibbles meet the even columns' activations, high the odd ones'
+   (quantized_activations' split layout), 4 bytes broadcast at a time. inferlab/quant/int4.py
+   builds the tiles. */
+VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K,
+                                int G, int group_size, const uint8_t *tile, float *y, int N, int t, int m0,
+                                const int MR) {
+    const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[4], zacc[4];
+    for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); zacc[j] = _mm512_setzero_ps(); }
+    for (int g = 0; g < G; g++) {
+        const uint8_t *p = tile + (size_t)g * group_bytes;
+        __m512i dl[4], dh[4];
+        for (int j = 0; j < MR; j++) { dl[j] = _mm512_setzero_si512(); dh[j] = _mm512_setzero_si512(); }
+        for (int blk = 0; blk < blocks; blk++) {
+            const uint8_t *c = p + blk * 256;
+            if (m0 == 0)
+                for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(c + 4 * group_bytes + 64 * i), _MM_HINT_T0);
+            __m512i lo[4], hi[4];
+            for (int i = 0; i < 4; i++) {
+                const __m512i v = _mm512_loadu_si512(c + 64 * i);
+                lo[i] = _mm512_and_si512(v, low);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+            const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
+            for (int j = 0; j < MR; j++) {
+                const int8_t *e = xe + (size_t)(m0 + j) * half + col, *o = xo + (size_t)(m0 + j) * half + col;
+                for (int i = 0; i < 4; i++) {
+                    int32_t x_e, x_o;
+                    memcpy(&x_e, e + 4 * i, 4);
+                    memcpy(&x_o, o + 4 * i, 4);
+                    dl[j] = _mm512_dpbusd_epi32(dl[j], lo[i], _mm512_set1_epi32(x_e));
+                    dh[j] = _mm512_dpbusd_epi32(dh[j], hi[i], _mm512_set1_epi32(x_o));
+                }
+            }
+        }
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + blocks * 256)));
+        const __m512 sz = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 32)))));
+        for (int j = 0; j < MR; j++) {  /* sum_k (q - z) s xs xq = s xs (sum_k q xq) - s z xs (sum_k xq) */
+            const float sx = xs[(size_t)(m0 + j) * G + g];
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dl[j], dh[j])), _mm512_mul_ps(s, _mm512_set1_ps(sx)), acc[j]);
+            zacc[j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(sx * (float)xsum[(size_t)(m0 + j) * G + g]), zacc[j]);
+        }
+    }
+    for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_sub_ps(acc[j], zacc[j]));
+}
+
+VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
+                                  float *y, int nthreads) {
+    const int G = K / group_size, T = N / 16, half = K / 2;
+    const size_t tile_bytes = (size_t)G * ((group_size / 32) * 256 + 64);
+    int8_t *xe; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < T; t++) {
+#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R)
+        ROW_CHUNKS(M, INT4_TILE_ROWS);
+    }
+    free_activations(xe, xs, xsum);
+    return 0;
+}
+
 /* Q8_0: 34-byte blocks (d, 32 int8 codes), w = q * d. sum q (xq + 128) - 128 sum q = sum q xq. */
 VNNI INLINE void q8_0_rows(const uint8_t *xu, const float *xs, int K, int B, const uint8_t *row, int row_bytes,
                            float *y, int N, int n, int m0, const int MR) {

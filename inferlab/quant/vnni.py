@@ -328,6 +328,19 @@ def int8_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor
     return int8_tiles_gemv(x, tiles, scales)
 
 
+def int4_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: int) -> torch.Tensor:
+    return _run("int4_tiles", x, n, tiles, n, group_size)
+
+
+def int4_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: int) -> torch.Tensor | None:
+    """x [..., K] @ w^T for INT4 codes laid out in tiles of 16 outputs (``inferlab.quant.int4.int4_tiles``)
+    with int8 activations per group, eager only; None: not here."""
+    if torch.compiler.is_compiling() or not x.is_contiguous() or x.dtype is not torch.float32 \
+            or not (_usable(x, tiles) and tiles_available()):
+        return None
+    return int4_tiles_gemv(x, tiles, n, group_size)
+
+
 def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor | None:
     """x [..., K] @ w^T for Q8_0, Q4_0 or Q4_1 weights laid out in tiles of 16 outputs (``n`` of them, a
     multiple of 16), eager only; None: not here."""

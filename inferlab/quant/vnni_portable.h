@@ -131,6 +131,7 @@ PORTABLE __m256 _mm256_cvtepi32_ps(__m256i a) { __m256 r; for (int i = 0; i < 8;
 PORTABLE __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) { for (int i = 0; i < 16; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return c; }
 PORTABLE __m512 _mm512_mul_ps(__m512 a, __m512 b) { for (int i = 0; i < 16; i++) a.f[i] *= b.f[i]; return a; }
 PORTABLE __m512 _mm512_add_ps(__m512 a, __m512 b) { for (int i = 0; i < 16; i++) a.f[i] += b.f[i]; return a; }
+PORTABLE __m512 _mm512_sub_ps(__m512 a, __m512 b) { for (int i = 0; i < 16; i++) a.f[i] -= b.f[i]; return a; }
 PORTABLE void _mm512_storeu_ps(float *p, __m512 a) { memcpy(p, a.f, 64); }
 PORTABLE __m256 _mm256_fmadd_ps(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return c; }
 PORTABLE float _mm512_reduce_add_ps(__m512 a) { float s = 0.f; for (int i = 0; i < 16; i++) s += a.f[i]; return s; }

@@ -88,9 +88,10 @@ def test_int8_widths_off_the_block_size_leave_the_loop():
 @pytest.mark.parametrize("group,bits,k", [(128, 4, 512), (256, 4, 512), (128, 3, 512),
                                           (64, 4, 576), (192, 4, 576)])  # 576 = SmolLM2's width: groups of 64
 @pytest.mark.parametrize("rows", [1, 2, vnni.MAX_LOOP_ROWS])
-def test_int4_matches_its_arithmetic_and_the_reference(loops, group, bits, k, rows):
+@pytest.mark.parametrize("n", [40, 48])  # 48: three tiles of 16 outputs (the tiles' loop), 40: the plain one
+def test_int4_matches_its_arithmetic_and_the_reference(loops, group, bits, k, rows, n):
     torch.manual_seed(group + rows)
-    mod = Int4Linear.from_float(nn.Linear(k, 48, bias=False), group, bits)
+    mod = Int4Linear.from_float(nn.Linear(k, n, bias=False), group, bits)
     x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # groups of different scales
     with torch.inference_mode():
         out, ref = mod(x), mod.forward_reference(x)
