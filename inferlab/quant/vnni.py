@@ -194,6 +194,15 @@ def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 _available = torch._dynamo.assume_constant_result(available)
 
 
+def _usable_tiles(x: torch.Tensor, tiles: torch.Tensor) -> bool:
+    """As :func:`_usable`, for the loops over tiles of 16 outputs, with no limit on the rows: they
+    read each tile once per 4 rows from the cache, and a prompt of hundreds of rows still runs them
+    several times faster than dequantizing the weight to multiply it (``inferlab bench rows``)."""
+    return (fused.activation_rows(x) > 0 and x.is_cpu and tiles.is_cpu and x.dtype is torch.float32
+            and x.is_contiguous() and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling() and tiles_available())
+
+
 def nf4_available() -> bool:
     """Is there an NF4 loop here (the NEON build has none)?"""
     return available() and hasattr(_library(), "inferlab_nf4_gemv")
@@ -322,8 +331,7 @@ def int8_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor) 
 def int8_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:
     """x [..., K] @ w^T for INT8 codes laid out in tiles of 16 outputs (``inferlab.quant.int8.int8_tiles``)
     with int16 activations per block of 32, eager only; None: not here."""
-    if scales.dtype != torch.float16 or not scales.is_contiguous() or torch.compiler.is_compiling() \
-            or not x.is_contiguous() or x.dtype is not torch.float32 or not (_usable(x, tiles) and tiles_available()):
+    if scales.dtype != torch.float16 or not scales.is_contiguous() or not _usable_tiles(x, tiles):
         return None
     return int8_tiles_gemv(x, tiles, scales)
 
@@ -335,8 +343,7 @@ def int4_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: in
 def int4_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: int) -> torch.Tensor | None:
     """x [..., K] @ w^T for INT4 codes laid out in tiles of 16 outputs (``inferlab.quant.int4.int4_tiles``)
     with int8 activations per group, eager only; None: not here."""
-    if torch.compiler.is_compiling() or not x.is_contiguous() or x.dtype is not torch.float32 \
-            or not (_usable(x, tiles) and tiles_available()):
+    if not _usable_tiles(x, tiles):
         return None
     return int4_tiles_gemv(x, tiles, n, group_size)
 
@@ -344,8 +351,7 @@ def int4_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: 
 def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor | None:
     """x [..., K] @ w^T for Q8_0, Q4_0 or Q4_1 weights laid out in tiles of 16 outputs (``n`` of them, a
     multiple of 16), eager only; None: not here."""
-    if ggml_type not in TILED_TYPES or n % 16 or torch.compiler.is_compiling() or not x.is_contiguous() \
-            or x.dtype is not torch.float32 or not (_usable(x, tiles) and tiles_available()):
+    if ggml_type not in TILED_TYPES or n % 16 or not _usable_tiles(x, tiles):
         return None
     return ggml_tiles_gemv(x, tiles, n, ggml_type)
 
