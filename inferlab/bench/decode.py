@@ -8,7 +8,7 @@ and each precision (fp32, fp16, int8, int4 g128, q8_0, q4_k), the columns are: i
 same weights when ``llama-cpp-python`` is installed (as many threads as this process). ``--model smollm2
 --precisions stored,fp32,...``: a GGUF as the file holds it, beside llama.cpp on that very file.
 Every run decodes the same prompt (EOS ignored) for ``--new-tokens`` tokens and for 1; the decode
-rate is the difference (prefill excluded: a quantized prompt dequantizes its weights). The runs of
+rate is the difference (prefill excluded: it differs by format and by CPU). The runs of
 one model are interleaved, round-robin, each keeping its best of ``--repeats`` (after a warm-up that
 also compiles the quantized kernels): a shared machine makes absolute times noisy, ratios less so.
 ``bandwidth_fraction``: bytes read per token x tokens/s over the copy bandwidth notebook 00 measures.

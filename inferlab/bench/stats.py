@@ -68,7 +68,8 @@ def best_rates(runs: dict, new_tokens: int, repeats: int, decode_only: bool = Tr
     """Tokens/s of each ``runs[name](n)`` (one generate of n new tokens): one warm-up each, then
     ``repeats`` rounds in turn, best time of each. ``decode_only``: each round also times n = 1
     (prefill and one token), and the rate is (new_tokens - 1) / (best t(new_tokens) - best t(1)),
-    so a slow prefill (quantized prompts dequantize their weights) does not hide the decode speed.
+    so a slow prefill (a quantized prompt that no loop takes dequantizes its weights) does not hide
+    the decode speed.
     The one timing code of ``bench decode`` and ``bench quant``."""
     decode_only = decode_only and new_tokens > 1
     sizes = (new_tokens, 1) if decode_only else (new_tokens,)

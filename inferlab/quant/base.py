@@ -6,8 +6,10 @@ fast paths are tested against, but it writes and re-reads an fp32 weight, so it 
 ``forward`` runs a path that reads the packed bytes directly: for a few rows (decode), the
 AVX-512 VNNI loops of ``inferlab.quant.vnni`` on x86 CPUs that have them, else the compiled
 dequantize-inside-the-reduction products of ``inferlab.quant.fused``; on a GPU with 4-bit codes,
-the W4A16 Triton kernel (``inferlab.kernels.w4a16_matmul``). Elsewhere (prefill, many rows) it falls back
-to the reference, where the one dequantization is shared by many rows.
+the W4A16 Triton kernel (``inferlab.kernels.w4a16_matmul``). INT8, INT4 and the Q8_0/Q4_0/Q4_1 blocks
+have loops over tiles of 16 outputs (a copy of the codes: :meth:`QuantLinear.derived`) that take
+prompts too. Elsewhere (prefill, many rows) it falls back to the reference, where the one
+dequantization is shared by many rows.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from inferlab.quant import fused
 log = logging.getLogger(__name__)
 #: The most activation rows one call of the loops takes. Up to here they beat dequantize-then-matmul
 #: for every format (``inferlab bench rows`` measures it), so a batch of decodes runs them too; a
-#: prompt of more rows dequantizes once and multiplies.
+#: prompt of more rows dequantizes once and multiplies, where no loop over tiles takes it (``_usable_tiles``).
 MAX_LOOP_ROWS = 32
 SOURCE = Path(__file__).with_name("vnni.c")
 AVX2_SOURCE = Path(__file__).with_name("avx2.c")
