@@ -386,30 +386,6 @@ VNNI INLINE void nibble_rows(const uint8_t *xq, const float *act, int K, int B, 
     }
 }
 
-VNNI static inline __attribute__((always_inline)) int nibble_blocks_gemv(
-        const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads, const int has_min) {
-    const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
-    uint8_t *xq; float *xs; int32_t *xsum;
-    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
-    float *act = block_constants(xs, xsum, (size_t)M * B);
-    if (!act) { free_activations(xq, xs, xsum); return -1; }
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n = 0; n < N; n++) {
-#define NIBBLE_ROWS(R) nibble_rows(xq, act, K, B, qweight + (size_t)n * row_bytes, row_bytes, y, N, n, m0, R, has_min)
-        ROW_CHUNKS(M, NIBBLE_ROWS);
-    }
-    free(act);
-    free_activations(xq, xs, xsum);
-    return 0;
-}
-
-VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
-    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 0);
-}
-
-VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
-    return nibble_blocks_gemv(x, M, K, qweight, N, y, nthreads, 1);
-}
 
 /* Q4_0, Q4_1 (and Q8_0 below) again, with the weights laid out for several rows: tiles of 16 outputs.
    The loops above take one output at a time and reduce its dot product across a register, so every
@@ -465,30 +441,40 @@ VNNI INLINE void nibble_tile_rows(const uint8_t *xq, const float *act, int K, in
     for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_add_ps(acc[j], cacc[j]));
 }
 
-VNNI static inline __attribute__((always_inline)) int nibble_tiles_gemv(
-        const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads, const int has_min) {
-    const int B = K / 32, T = N / 16;
-    const size_t tile_bytes = (size_t)B * (has_min ? 320 : 288);
+/* Q4_0 and Q4_1 (has_min), plain rows (one output at a time) or tiles of 16 outputs (tiled): the
+   activations quantized per block of 32 once, then the outputs split over the threads. */
+VNNI static inline __attribute__((always_inline)) int nibble_gemv(
+        const float *x, int M, int K, const uint8_t *w, int N, float *y, int nthreads, const int has_min, const int tiled) {
+    const int B = K / 32, row_bytes = B * (has_min ? 20 : 18);
     uint8_t *xq; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
     float *act = block_constants(xs, xsum, (size_t)M * B);
     if (!act) { free_activations(xq, xs, xsum); return -1; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int t = 0; t < T; t++) {
-#define NIBBLE_TILE_ROWS(R) nibble_tile_rows(xq, act, K, B, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, has_min)
-        ROW_CHUNKS(M, NIBBLE_TILE_ROWS);
+    for (int u = 0; u < (tiled ? N / 16 : N); u++) {  /* u: an output, or a tile of 16 (16 rows' bytes) */
+#define NIBBLE_ROWS(R) (tiled ? nibble_tile_rows(xq, act, K, B, w + (size_t)u * 16 * row_bytes, y, N, u, m0, R, has_min) \
+                              : nibble_rows(xq, act, K, B, w + (size_t)u * row_bytes, row_bytes, y, N, u, m0, R, has_min))
+        ROW_CHUNKS(M, NIBBLE_ROWS);
     }
     free(act);
     free_activations(xq, xs, xsum);
     return 0;
 }
 
+VNNI int inferlab_q4_0_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    return nibble_gemv(x, M, K, qweight, N, y, nthreads, 0, 0);
+}
+
+VNNI int inferlab_q4_1_gemv(const float *x, int M, int K, const uint8_t *qweight, int N, float *y, int nthreads) {
+    return nibble_gemv(x, M, K, qweight, N, y, nthreads, 1, 0);
+}
+
 VNNI int inferlab_q4_0_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
-    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 0);
+    return nibble_gemv(x, M, K, tiles, N, y, nthreads, 0, 1);
 }
 
 VNNI int inferlab_q4_1_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
-    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 1);
+    return nibble_gemv(x, M, K, tiles, N, y, nthreads, 1, 1);
 }
 
 /* Q8_0 in the same tiles: per block, 8 registers of 64 bytes (bytes 4i..4i+3 of each of the 16
