@@ -32,7 +32,7 @@ from inferlab.quant.base import version
 SOURCE = Path(__file__).with_name("decode_layers.c")
 DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
            Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")
-MAX_ROWS = 32  #: the loops' own limit (``inferlab.quant.vnni.MAX_LOOP_ROWS``): a decode batch or a few verifies
+MAX_ROWS = 32  #: a decode batch or a few verifies (the attention's rows are one per query; more: the modules run)
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIG_P_I, SIG_PP_I, SIG_PPP_II, SIG_P_II = 0, 1, 2, 3
 

@@ -3,12 +3,12 @@
 A quantized linear keeps only its packed codes and their scales. ``forward_reference`` rebuilds
 the weight for the moment of the product (dequantize-then-matmul): readable, and the reference the
 fast paths are tested against, but it writes and re-reads an fp32 weight, so it is slower than fp32.
-``forward`` runs a path that reads the packed bytes directly: for a few rows (decode), the
-AVX-512 VNNI loops of ``inferlab.quant.vnni`` on x86 CPUs that have them, else the compiled
+``forward`` runs a path that reads the packed bytes directly: the loops of ``inferlab.quant.vnni``
+(AVX-512 VNNI, AVX2 or NEON builds) for any number of rows, else for a few rows the compiled
 dequantize-inside-the-reduction products of ``inferlab.quant.fused``; on a GPU with 4-bit codes,
 the W4A16 Triton kernel (``inferlab.kernels.w4a16_matmul``). INT8, INT4 and the Q8_0/Q4_0/Q4_1 blocks
 have loops over tiles of 16 outputs (a copy of the codes: :meth:`QuantLinear.derived`) that take
-prompts too. Elsewhere (prefill, many rows) it falls back to the reference, where the one
+prompts too. Elsewhere (no loop, prefill) it falls back to the reference, where the one
 dequantization is shared by many rows.
 """
 from __future__ import annotations
