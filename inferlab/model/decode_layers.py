@@ -93,7 +93,7 @@ def c_loop(module: nn.Module) -> tuple | None:
             (SIG_P_II, "int4_tiles", (tiles,), q.shape[0], g)
     elif kind is GGMLLinear:
         ok = module.ggml_type in vnni.BLOCK_TYPES
-        tiles = module.tiles()  # Q4_0/Q4_1 in tiles of 16 outputs, where that loop runs
+        tiles = module.tiles()  # Q8_0/Q4_0/Q4_1 in tiles of 16 outputs, where that loop runs
         spec = (SIG_P_I, module.ggml_type, (q,), q.shape[0], 0) if tiles is None else \
             (SIG_P_I, f"{module.ggml_type}_tiles", (tiles,), q.shape[0], 0)
     else:

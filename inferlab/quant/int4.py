@@ -138,10 +138,10 @@ class Int4Linear(QuantLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor | None:
         """On a GPU, the fused W4A16 Triton kernel reads the packed codes and never writes the fp16
-        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU for decode, the VNNI loop of
-        ``inferlab.quant.vnni`` (int8 activations, groups of a multiple of 64), else (None) the
-        compiled product of ``inferlab.quant.fused``, and dequantize-then-matmul for prefill; where the
-        loop over tiles of 16 outputs runs (AVX-512 VNNI), it takes every row, prompts included."""
+        weight to memory (``inferlab.kernels.w4a16_matmul``); on the CPU, for decode and prompt rows
+        alike, the loop of ``inferlab.quant.vnni`` (int8 activations; over tiles of 16 outputs where
+        AVX-512 VNNI runs them, else groups of a multiple of 64), else (None) the compiled product of
+        ``inferlab.quant.fused`` for a few rows, and dequantize-then-matmul."""
         if not x.is_cuda:
             if not torch.compiler.is_compiling() and (tiles := self.tiles()) is not None:
                 y = vnni.int4_tiles_linear(x, tiles, self.out_features, self.group_size)

@@ -19,15 +19,19 @@
    - xsum (or NULL where no loop reads it): each group's sum of codes, for the loops that take a
      zero point or a block constant out of the integer sum (sum (q - z) xq = sum q xq - z sum xq).
    codes holds M * K codes of 1 byte (levels 127) or 2; xs and xsum M * (K / group). */
+/* v rounded to the nearest integer, half to even, without a call to nearbyintf: adding 1.5 * 2^23
+   leaves no bits below the units, so the float unit rounds (in its default mode) and subtracting it
+   back gives the integer, exact for |v| < 2^22 (the codes stay within 32767). A call per value, with
+   fmaxf's for the maximum, took longer than the loop over the weights at 16 rows. */
+static inline int round_even(float v) {
+    const float magic = 12582912.0f;
+    return (int)((v + magic) - magic);
+}
+
 static void quantize_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
                                  void *codes, float *xs, int32_t *xsum) {
     const int G = K / group;
     const size_t half = (size_t)K / 2, odd = (size_t)M * half;
-    /* Rounding to the nearest integer, half to even, without a call to nearbyintf: adding 1.5 * 2^23
-       leaves no bits below the units, so the float unit rounds (in its default mode) and subtracting
-       it back gives the integer, exact for |v| < 2^22 (the codes stay within 32767). A call per
-       value, with fmaxf's for the maximum, took longer than the loop over the weights at 16 rows. */
-    const float magic = 12582912.0f;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < G; g++) {
             const float *xg = x + (size_t)m * K + (size_t)g * group;
@@ -42,21 +46,21 @@ static void quantize_activations(const float *x, int M, int K, int group, int le
             if (levels > 127) {
                 int16_t *out = (int16_t *)codes + (size_t)m * K + k0;
                 for (int i = 0; i < group; i++) {
-                    const int q = (int)((xg[i] * inv + magic) - magic);
+                    const int q = round_even(xg[i] * inv);
                     out[i] = (int16_t)q;
                     sum += q;
                 }
             } else if (!split) {
                 uint8_t *out = (uint8_t *)codes + (size_t)m * K + k0;
                 for (int i = 0; i < group; i++) {
-                    const int q = (int)((xg[i] * inv + magic) - magic);
+                    const int q = round_even(xg[i] * inv);
                     out[i] = (uint8_t)(q + shift);
                     sum += q;
                 }
             } else {  /* even columns at row m of the first half, odd ones at row m of the second */
                 uint8_t *even = (uint8_t *)codes + (size_t)m * half + k0 / 2, *oddc = even + odd;
                 for (int i = 0; i < group; i += 2) {
-                    const int q0 = (int)((xg[i] * inv + magic) - magic), q1 = (int)((xg[i + 1] * inv + magic) - magic);
+                    const int q0 = round_even(xg[i] * inv), q1 = round_even(xg[i + 1] * inv);
                     even[i / 2] = (uint8_t)(q0 + shift);
                     oddc[i / 2] = (uint8_t)(q1 + shift);
                     sum += q0 + q1;
