@@ -13,10 +13,13 @@
      as FlashAttention does): the chunk's scores, their exponentials (exp_poly, vectorised), then
      the weighted values, with the running sum and output rescaled when the running max grows.
      K and V are each read once, and nothing the size of the context is written;
-   - when the batch has too few rows to keep every thread busy, each row's context is cut into
-     parts that threads take apart,
-     and the parts' (max, sum, output) are merged afterwards, as Flash-Decoding does
-     (Dao et al. 2023): the result is the same softmax, summed in another order.
+   - each row's context is cut into parts of PART keys that threads take apart, and the parts'
+     (max, sum, output) are merged afterwards, as Flash-Decoding does (Dao et al. 2023): the same
+     softmax, summed in another order. The cut depends on the row's own context alone, never on
+     how many rows share the call or on the thread count (vLLM's PagedAttention v2 cuts at a fixed
+     partition size too): a row's output is then the same bits whether it decodes alone, beside 15
+     other sequences, or as the first row of a speculative verify, so speculation and batching
+     leave a greedy output unchanged ("batch invariance"; He et al., Thinking Machines 2025).
 
    q [B, Hq, D] and out [B, Hq, D] contiguous; k, v: one layer's cache as [slots, Hkv, D];
    slots [B, S] (int64): the cache slot of each context position, S the longest context;
@@ -31,6 +34,7 @@
 #include "../clones.h"    /* CLONES: a build per x86 level; the loops below are plain C the compiler vectorises */
 #include "../exp_poly.h"  /* exp_poly: exp the compiler vectorises */
 #define CHUNK 32     /* keys scored together before their values are summed */
+#define PART (4 * CHUNK)  /* keys per part of a row's context (a part's fixed cost is its merge) */
 #define MAX_D 256    /* the widest head this loop takes; D a multiple of 16 (the Python side checks) */
 #define INLINE static inline __attribute__((always_inline))  /* into each CLONES build, or it stays baseline x86 */
 
@@ -137,45 +141,52 @@ INLINE void attend_any(const float *q, int Hq, int Hkv, const float *k, const fl
     }
 }
 
+/* The first position a row of context length ctx reads: the last `window` positions under a sliding
+   window (Mistral), else all of them. */
+INLINE int64_t first_seen(int64_t ctx, int window) { return window > 0 && ctx > window ? ctx - window : 0; }
+
 CLONES int inferlab_paged_decode(const float *q, const float *k, const float *v, const int64_t *slots,
                                   const int64_t *context_lens, int B, int Hq, int Hkv, int D, int S, int window,
                                   float scale, float *out, int nthreads) {
-    /* Parts per row: enough pieces for 4 per thread when the batch is small, none shorter than a few
-       chunks (a part's fixed cost is its merge). */
-    int64_t longest = 0;
-    for (int b = 0; b < B; b++) longest = context_lens[b] > longest ? context_lens[b] : longest;
-    if (window > 0 && longest > window) longest = window;
-    int parts = nthreads > 1 ? (4 * nthreads + B - 1) / B : 1;
-    const int64_t most = (longest + 4 * CHUNK - 1) / (4 * CHUNK);
-    if (parts > most) parts = (int)most;
-    if (parts < 1) parts = 1;
-    const size_t part_floats = (size_t)Hq * (D + 2);  /* m, l and acc of one part's heads */
-    float *partial = malloc(sizeof(float) * (size_t)B * parts * part_floats);
-    if (!partial) return -1;
-    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (B * parts > 1)
-    for (int w = 0; w < B * parts; w++) {
-        const int b = w / parts, part = w % parts;
-        const int64_t ctx = context_lens[b];
-        const int64_t lo = window > 0 && ctx > window ? ctx - window : 0;
+    /* Parts of each row: its own context in pieces of PART keys (an empty one is one part). first[b]
+       is row b's first piece; a piece finds its row by walking first[] (B is small). */
+    int64_t *first = malloc(sizeof(int64_t) * ((size_t)B + 1));
+    if (!first) return -1;
+    first[0] = 0;
+    for (int b = 0; b < B; b++) {
+        const int64_t ctx = context_lens[b], lo = first_seen(ctx, window);
         const int64_t n = ctx > lo ? ctx - lo : 0;
-        const int64_t p0 = lo + n * part / parts, p1 = lo + n * (part + 1) / parts;
+        first[b + 1] = first[b] + (n > PART ? (n + PART - 1) / PART : 1);
+    }
+    const int64_t pieces = first[B];
+    const size_t part_floats = (size_t)Hq * (D + 2);  /* m, l and acc of one part's heads */
+    float *partial = malloc(sizeof(float) * (size_t)pieces * part_floats);
+    if (!partial) { free(first); return -1; }
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (pieces > 1)
+    for (int64_t w = 0; w < pieces; w++) {
+        int b = 0;
+        while (first[b + 1] <= w) b++;
+        const int64_t ctx = context_lens[b], lo = first_seen(ctx, window);
+        const int64_t p0 = lo + (w - first[b]) * PART, p1 = p0 + PART < ctx ? p0 + PART : ctx;
         float *m = partial + (size_t)w * part_floats, *l = m + Hq, *acc = m + 2 * Hq;
-        attend_any(q + (int64_t)b * Hq * D, Hq, Hkv, k, v, slots + (int64_t)b * S, p0, p1, D, scale, m, l, acc);
+        const int64_t *row_slots = slots + (int64_t)b * S;
+        attend_any(q + (int64_t)b * Hq * D, Hq, Hkv, k, v, row_slots, p0, p1 > p0 ? p1 : p0, D, scale, m, l, acc);
     }
     /* Merge each row's parts: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p, M the largest
        m_p (one part: acc / l). A row that saw no key gets zeros. */
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Hq; j++) {
             float M = -INFINITY, L = 0.0f;
-            for (int p = 0; p < parts; p++) {
-                const float mp = partial[(size_t)(b * parts + p) * part_floats + j];
+            const int64_t parts = first[b + 1] - first[b];
+            for (int64_t p = 0; p < parts; p++) {
+                const float mp = partial[(size_t)(first[b] + p) * part_floats + j];
                 M = mp > M ? mp : M;
             }
             float *o = out + ((int64_t)b * Hq + j) * D;
             for (int i = 0; i < D; i++) o[i] = 0.0f;
             if (M == -INFINITY) continue;
-            for (int p = 0; p < parts; p++) {
-                const float *base = partial + (size_t)(b * parts + p) * part_floats;
+            for (int64_t p = 0; p < parts; p++) {
+                const float *base = partial + (size_t)(first[b] + p) * part_floats;
                 if (base[j] == -INFINITY) continue;
                 const float f = parts == 1 ? 1.0f : expf(base[j] - M);
                 L += f * base[Hq + j];
@@ -185,5 +196,6 @@ CLONES int inferlab_paged_decode(const float *q, const float *k, const float *v,
             for (int i = 0; i < D; i++) o[i] /= L;
         }
     free(partial);
+    free(first);
     return 0;
 }

@@ -128,7 +128,7 @@ int inferlab_decode_layers(float *x, const Layer *layers, int n_layers, const St
         inferlab_rms_norm(x, L->ln2, h, M, H, s->eps);
         part[0] = gu; part[1] = gu + F;
         if ((err = run_parts(L->gate_up, L->n_gate_up, h, M, H, gu, s->nthreads, part, stride))) break;
-        inferlab_silu_mul(part[0], stride[0], part[1], stride[1], act, M, F);
+        inferlab_silu_mul(part[0], stride[0], part[1], stride[1], act, M, F, s->nthreads);
         if ((err = run_linear(&L->down, act, M, F, y, s->nthreads))) break;
         for (int64_t i = 0; i < (int64_t)M * H; i++) x[i] += y[i];
     }

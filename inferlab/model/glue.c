@@ -52,9 +52,11 @@ void inferlab_rope(float *x, int tokens, int heads, int D, int64_t token_stride,
 
 /* out[r] = silu(gate[r]) * up[r] = gate / (1 + exp(-gate)) * up, the SwiGLU gate, for `rows` rows of
    `F` floats; row r of gate starts at r * gate_stride, of up at r * up_stride (the two halves of a
-   packed gate|up output are rows of one buffer), out is contiguous [rows, F]. */
+   packed gate|up output are rows of one buffer), out is contiguous [rows, F]. A prompt's many rows
+   are shared over `nthreads` threads; each value is computed the same way on any of them. */
 CLONES void inferlab_silu_mul(const float *gate, int64_t gate_stride, const float *up, int64_t up_stride, float *out,
-                              int rows, int F) {
+                              int rows, int F, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows > 32)
     for (int r = 0; r < rows; r++) {
         const float *g = gate + r * gate_stride, *u = up + r * up_stride;
         float *a = out + (int64_t)r * F;

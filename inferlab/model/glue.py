@@ -18,11 +18,10 @@ from inferlab.native import library, runs
 
 SOURCE = Path(__file__).with_name("glue.c")
 DEPENDS = (Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")  # what glue.c includes
-MAX_ROWS = 32  # silu_mul's loop is one thread: up to a decode step's rows (inferlab.model.decode_layers.MAX_ROWS)
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
                ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)),
-               ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i)))
+               ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i, _i)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -51,16 +50,18 @@ def rope_(cos: torch.Tensor, sin: torch.Tensor, *xs: torch.Tensor) -> bool:
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-    """silu(gate) * up, SwiGLU's gate, in one loop instead of three torch ops, for up to
-    :data:`MAX_ROWS` rows; None where the C loop does not run. gate and up [..., F] may be the two
-    halves of a packed output (strided rows)."""
+    """silu(gate) * up, SwiGLU's gate, in one loop instead of three torch ops; None where the C loop
+    does not run. gate and up [..., F] may be the two halves of a packed output (strided rows). A
+    prompt's rows take the same loop (on torch's threads): a decode row's value is then the same
+    whether its step runs the C layers or, beside a prompt's chunk, the modules."""
     f = gate.shape[-1] if gate.dim() else 0
-    if not (runs(gate, up) and gate.shape == up.shape and 0 < gate.numel() <= MAX_ROWS * f) \
+    if not (runs(gate, up) and gate.shape == up.shape and gate.numel() > 0) \
             or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
-        return None  # a prompt's many rows: torch's ops, on every thread
+        return None
     g, u = gate.reshape(-1, f), up.reshape(-1, f)  # views where the rows are evenly strided
     if g.stride(-1) != 1 or u.stride(-1) != 1:
         return None
     out = torch.empty(gate.shape)
-    lib.inferlab_silu_mul(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), g.shape[0], f)
+    lib.inferlab_silu_mul(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), g.shape[0], f,
+                          torch.get_num_threads())
     return out

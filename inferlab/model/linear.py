@@ -19,9 +19,9 @@ class LinearFactory(Protocol):
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) whose decode-sized products on the CPU, a
-    few rows, run :mod:`inferlab.quant.f32`'s loop, which reads the weight once for all the rows;
-    a prompt's many rows, a GPU and training run ``F.linear``."""
+    """``nn.Linear`` (same parameters, same state dict) whose products on the CPU run
+    :mod:`inferlab.quant.f32`'s loop, which reads the weight once for all the rows of a decode step
+    and gives each row the same bits whatever rows share the call; a GPU and training run ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = (_f32_linear or _load_f32_linear())(x, self.weight, self.bias)

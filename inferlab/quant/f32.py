@@ -1,8 +1,8 @@
 """The float32 decode product: a few rows times an unquantized weight, reading the weight once
 (``f32.c``, beside this file: why, and the three builds).
 
-:func:`linear` returns ``x @ w.T (+ b)`` from the hand loop where it runs (a CPU, 1 to
-:data:`MAX_LOOP_ROWS` rows, shapes the vector width divides), else None and the caller runs
+:func:`linear` returns ``x @ w.T (+ b)`` from the hand loop where it runs (a CPU, any number of
+rows, shapes the vector width divides), else None and the caller runs
 ``F.linear``. It picks the build for the CPU: AVX-512, AVX2 + FMA (also on an AVX-512 CPU when
 ``ATEN_CPU_CAPABILITY=avx2`` asks torch to behave as on an AVX2 one), or NEON. It steps aside when
 ``INFERLAB_QUANT_KERNEL`` is ``compiled`` or ``eager`` (then every product is torch's) and when no
@@ -23,7 +23,6 @@ from inferlab.loop_settings import settings
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
-MAX_LOOP_ROWS = 32  #: the most rows one call takes: a decode step's batch or a verify's k + 1; a prompt goes to torch
 SOURCE = Path(__file__).with_name("f32.c")
 
 
@@ -90,7 +89,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)`` through the loop, or None where the loop does not take it."""
     K = x.shape[-1]
     rows = fused.activation_rows(x)
-    if not (0 < rows <= MAX_LOOP_ROWS and x.dtype is torch.float32 and weight.dtype is torch.float32
+    if not (rows > 0 and x.dtype is torch.float32 and weight.dtype is torch.float32
             and x.is_cpu and weight.is_cpu and weight.shape[0] % 4 == 0
             and weight.is_contiguous() and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return None

@@ -11,9 +11,6 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-import time
-
-from inferlab.attention import AttentionMetadata
 from inferlab.cache import ContiguousKVCache
 from inferlab.sampling import SamplingParams, make_generator, probs_from_logits
 from inferlab.spec.ngram import NgramProposer
@@ -53,27 +50,6 @@ def trace(target, prompt_ids: list[int], proposer, params: SamplingParams, steps
         if not ngram:
             proposer.rollback(len(tokens) - 1)
     return rows
-
-
-@torch.inference_mode()
-def verify_cost(model, batch: int, tokens: int, context: int = 128, repeats: int = 20) -> float:
-    """v at a batch size: the best time of a forward of ``tokens`` new tokens per sequence (a verify
-    step, tokens = k + 1) over the best time of a 1-token one (a plain decode step), for ``batch``
-    sequences over ``context`` cached tokens each. The two are timed alternately, so a busy
-    machine slows both alike."""
-    cache = ContiguousKVCache.for_model(model.config, batch, context + tokens, model.dtype, model.device)
-    model(torch.ones(batch, context, dtype=torch.long, device=model.device),
-          AttentionMetadata(positions=torch.arange(context, device=model.device).expand(batch, -1),
-                            kv_cache=cache, cache_start=0), last_only=True)
-    best = {}
-    for _ in range(repeats):
-        for n in (1, tokens):
-            pos = torch.arange(context, context + n, device=model.device).expand(batch, -1)
-            t = time.perf_counter()
-            model(torch.ones(batch, n, dtype=torch.long, device=model.device),
-                  AttentionMetadata(positions=pos, kv_cache=cache, cache_start=context))
-            best[n] = min(best.get(n, float("inf")), time.perf_counter() - t)
-    return best[tokens] / best[1]
 
 
 def counts(rows: list[dict]) -> dict[str, list[int]]:
@@ -166,25 +142,51 @@ def acceptance_figure(lengths: dict[str, dict[int, float]], predicted: dict[str,
     return style(fig, "Tokens per verify step against k", height=420)
 
 
-def speedup_figure(rows: list[dict]) -> go.Figure:
-    """Measured and predicted speedup per method and k, the 2x goal dashed."""
-    labels = [f"{r['method']} k={r['num_speculative_tokens']}" for r in rows]
-    fig = go.Figure([go.Bar(x=labels, y=[r["speedup"] for r in rows], name="measured"),
-                     go.Bar(x=labels, y=[r["predicted_speedup"] for r in rows], name="predicted (a, c, v)")])
-    fig.add_hline(y=1, line_color="#555", annotation_text="plain decoding", annotation_position="bottom left")
-    fig.add_hline(y=2, line_dash="dash", line_color=RED, annotation_text="goal 2x", annotation_position="top left")
+def speedup_figure(rows: list[dict], goals: dict[str, float]) -> go.Figure:
+    """Batch 1, one panel per prompt set: each method's measured decode speedup beside the one
+    Leviathan's formula predicts from the engine's own steps, and the whole run's (prefill
+    included); the set's goal dashed. ``rows``: ``bench.spec.engine_table`` rows at batch 1, each
+    with its ``prompt_set``."""
+    from plotly.subplots import make_subplots
+
+    sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
+    fig = make_subplots(rows=1, cols=len(sets), subplot_titles=[f"{s} prompts" for s in sets], shared_yaxes=True)
+    bars = (("decode steps, measured", lambda r: r["engine"]["measured_decode_speedup"], BLUE),
+            ("decode steps, predicted (a, c, v)", lambda r: r["engine"]["predicted_decode_speedup"], "#9ecae1"),
+            ("whole run, prefill included", lambda r: r["speedup"], "#7f7f7f"))
+    for col, name in enumerate(sets, 1):
+        mine = [r for r in rows if r["prompt_set"] == name]
+        labels = [f"{r['method']} k={r['num_speculative_tokens']}" for r in mine]
+        for label, value, color in bars:
+            fig.add_bar(x=labels, y=[value(r) for r in mine], name=label, marker_color=color, legendgroup=label,
+                        showlegend=col == 1, row=1, col=col)
+        fig.add_hline(y=1, line_color="#555", row=1, col=col)
+        if name in goals:
+            fig.add_hline(y=goals[name], line_dash="dash", line_color=RED, annotation_text=f"goal {goals[name]}x",
+                          annotation_position="top left", row=1, col=col)
     fig.update_layout(barmode="group", yaxis=dict(title="speedup over plain decoding"))
-    return style(fig, "Batch 1: measured speedup beside Leviathan's prediction", height=400)
+    return style(fig, "smollm2, batch 1: measured speedup beside Leviathan's prediction", height=420)
 
 
 def crossover_figure(rows: list[dict]) -> go.Figure:
-    """Engine speedup against the batch size, one line per method."""
+    """Engine speedup against the batch size, one colour per method: measured (solid, markers) and
+    the formula's prediction from a, c and v measured at that batch size (dashed, same colour)."""
+    from inferlab.viz.kv_blocks import PALETTE
+
     fig = go.Figure()
-    for name in dict.fromkeys(f"{r['method']} k={r['num_speculative_tokens']}" for r in rows):
+    names = list(dict.fromkeys(f"{r['method']} k={r['num_speculative_tokens']}" for r in rows))
+    for name, color in zip(names, PALETTE):
         mine = [r for r in rows if f"{r['method']} k={r['num_speculative_tokens']}" == name]
-        fig.add_scatter(x=[r["batch_size"] for r in mine], y=[r["speedup"] for r in mine], mode="lines+markers", name=name)
-    fig.add_hline(y=1, line_dash="dash", line_color="#555", annotation_text="no speculation",
+        x = [r["batch_size"] for r in mine]
+        fig.add_scatter(x=x, y=[r["speedup"] for r in mine], mode="lines+markers", name=f"{name}, measured",
+                        line=dict(color=color), legendgroup=name)
+        fig.add_scatter(x=x, y=[r["predicted_speedup"] for r in mine], mode="lines", name=f"{name}, predicted",
+                        line=dict(color=color, dash="dash"), legendgroup=name)
+    fig.add_hline(y=1, line_dash="dot", line_color="#555", annotation_text="no speculation",
                   annotation_position="bottom left")
-    fig.update_layout(xaxis=dict(title="batch size (sequences decoding together)"),
-                      yaxis=dict(title="tokens/s over the engine without speculation"))
-    return style(fig, "Through the engine: speculation's speedup as the batch fills", height=400, log_x=True)
+    batches = sorted({r["batch_size"] for r in rows})
+    style(fig, "Through the engine: speculation's speedup as the batch fills", height=420, log_x=True)
+    fig.update_xaxes(title="batch size (sequences decoding together)", tickvals=batches,
+                     ticktext=[str(b) for b in batches], dtick=None, minor=dict(ticks=""))
+    fig.update_yaxes(title="tokens/s over the engine without speculation")
+    return fig

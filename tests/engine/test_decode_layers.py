@@ -15,7 +15,7 @@ from inferlab.quant.fused import compiler_available
 from inferlab.sampling import SamplingParams
 
 from .conftest import make_engine, run_all
-from .test_spec_decode import NGRAM, PROMPTS, run
+from .test_spec_decode import HEAD, NGRAM, PROMPTS, run
 
 pytestmark = pytest.mark.skipif(not compiler_available(), reason="no C compiler: the layers run module by module")
 
@@ -147,3 +147,33 @@ def test_biases_and_windows_are_the_modules_bits(variant, tmp_path, compared):
     decodes = [s for s in compared if s[1] is not None]
     assert len(decodes) >= 7, compared
     assert all(diff == 0.0 for _, diff, _ in decodes), decodes
+
+
+@pytest.mark.parametrize("method", [None, "q4_1"])
+def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, method):
+    """Batch invariance (He et al., Thinking Machines 2025): a sequence's log-probs are the same bits
+    whether it decodes alone, two at a time with a prompt joining their step when one finishes (the
+    modules run that step, the C layers the others), or under speculation (its rows verified four
+    at a time beside another sequence's). Contexts of several parts of the attention's split, on
+    two threads: where the split or an op depended on the rows beside it, a near-tie somewhere
+    flips a greedy token on the real model. (A prompt cut into other chunks is another computation:
+    no chunking here.)"""
+    model, tok = target
+    if method:
+        model = copy.deepcopy(model)
+        quantize_model(model, method)
+    prompts = [HEAD * (16 + i) + tail for i, tail in enumerate(["    def", "    def __repr__(self", "x = 1\n", "    @property\n"])]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0) for n in (6, 12, 9, 12)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [run((model, tok), [p], [q])[0][0] for p, q in zip(prompts, params)]
+        batched, plain = run((model, tok), prompts, params, max_num_seqs=2)
+        spec, _ = run((model, tok), prompts, params, max_num_seqs=2, speculative_config=NGRAM)
+    finally:
+        torch.set_num_threads(threads)
+    assert min(len(tok.encode(p)) for p in prompts) > 3 * 128  # several parts of the attention's split
+    bits = lambda out: [(t, lp[t].logprob) for t, lp in zip(out.token_ids, out.logprobs)]  # noqa: E731
+    for i, a in enumerate(alone):
+        assert bits(batched[i]) == bits(a), ("batched", i)
+        assert bits(spec[i]) == bits(a), ("speculating", i)

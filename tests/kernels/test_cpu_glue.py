@@ -27,11 +27,11 @@ def test_rms_norm_matches_torch(shape):
 
 
 @needs_c
-@pytest.mark.parametrize("rows", [1, 5, 32])
+@pytest.mark.parametrize("rows", [1, 5, 32, 300])
 def test_silu_mul_matches_torch_on_the_halves_of_a_packed_output(rows):
     """SwiGLU's gate from the two strided halves of a packed gate|up output, over gate values from
     -95 to 95 (exp clamped past -87 and 88): within a few float ulps of torch where the result is
-    a normal float; a prompt's rows (over 32) go to torch's ops."""
+    a normal float, a prompt's many rows (on two threads) as a decode step's few."""
     torch.manual_seed(rows)
     f = 1536
     packed = torch.randn(1, rows, 2 * f) * 4
@@ -44,7 +44,6 @@ def test_silu_mul_matches_torch_on_the_halves_of_a_packed_output(rows):
     normal = want.abs() > 1e-30
     torch.testing.assert_close(got[normal], want[normal], rtol=2e-6, atol=0)
     assert (got[~normal].abs() < 1e-30).all()
-    assert glue.silu_mul(torch.randn(33, 8), torch.randn(33, 8)) is None
 
 
 @needs_c
@@ -118,6 +117,38 @@ def test_paged_decode_over_many_chunks_and_split_contexts(hq, hkv, d, lens):
     assert got is not None
     want = torch.where(lens[:, None, None] > 0, want, 0.0)  # no keys: zero (torch: NaN)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_attention_is_the_same_bits_alone_in_a_batch_or_in_a_verify(threads):
+    """Batch invariance: a row's output depends on its own query and context only. A decode row
+    alone, the same row beside seven others, and the same row as the first of a speculative verify
+    (four rows of one sequence) give identical bits, under 1 and 2 threads: otherwise a greedy
+    output changes when speculation or batching is switched on (a near-tie flips)."""
+    torch.manual_seed(7)
+    bs, blocks, hq, hkv, d = 16, 64, 9, 3, 64
+    k_slots, v_slots = _cache(blocks * bs, hkv, d)
+    lens = torch.tensor([300, 40, 700, 129, 1, 256, 90, 513])
+    s = int(lens.max())
+    tables = torch.stack([torch.randperm(blocks)[:(s + bs - 1) // bs] for _ in lens])
+    slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(lens), -1)[:, :s].contiguous()
+    q = torch.randn(len(lens), hq, d)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            batch = cpu_decode.paged_decode(q, k_slots, v_slots, slots, lens)
+            alone = [cpu_decode.paged_decode(q[i:i + 1], k_slots, v_slots, slots[i:i + 1].contiguous(), lens[i:i + 1])
+                     for i in range(len(lens))]
+            # a verify of 4 rows of sequence 0: its rows see 300, 301, 302 and 303 positions
+            verify = cpu_decode.paged_decode(torch.cat([q[:1], torch.randn(3, hq, d)]), k_slots, v_slots,
+                                             torch.cat([slots[:1]] * 4).contiguous(), torch.tensor([300, 301, 302, 303]))
+    finally:
+        torch.set_num_threads(before)
+    for i in range(len(lens)):
+        assert torch.equal(batch[i], alone[i][0]), i
+    assert torch.equal(verify[0], alone[0][0])
 
 
 @needs_c

@@ -22,7 +22,7 @@ def isa(request, monkeypatch):
 
 
 @needs_loop
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 17, f32.MAX_LOOP_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 17, 32, 300])
 @pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (64, 12)])
 def test_every_row_count_matches_torch(isa, rows, k, n):
     torch.manual_seed(rows * 7 + k)
@@ -48,7 +48,6 @@ def test_bias_leading_dims_and_a_strided_input(isa):
 def test_shapes_and_modes_it_does_not_take_go_to_torch(monkeypatch):
     w = torch.randn(16, 64)
     with torch.no_grad():
-        assert f32.linear(torch.randn(f32.MAX_LOOP_ROWS + 1, 64), w) is None  # a prompt
         assert f32.linear(torch.randn(1, 60), torch.randn(16, 60)) is None  # K not a vector multiple
         assert f32.linear(torch.randn(1, 64), torch.randn(18, 64)) is None  # N not a tile multiple
         assert f32.linear(torch.randn(1, 64, dtype=torch.float64), w.double()) is None
