@@ -14,9 +14,10 @@ the cost of one head (residual block + lm_head) per guess, over one target forwa
 
 The second (``engine``) runs speculation (n-gram, the draft model, Medusa) as a mode of the engine's
 step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
-(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved
-and the formula's prediction with a, c and v measured at that batch size (c and v against one
-decode step of the whole batch);
+(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved,
+the speedup of the whole run and of its decode steps alone, and the formula's prediction with
+a, c and v measured at that batch size (c and v against one decode step of the whole batch),
+priced over the share f of a sequence's steps that had guesses, (f L + 1 - f) / (f (k c + v) + 1 - f);
 as the batch fills, a step of decodes costs more and the (k+1)-row verify of every sequence with
 it, so speculation pays less (vLLM's blog reports slowdowns at high load).
 
@@ -235,7 +236,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     for b in batch_sizes:
         prompts = every if given else every[:b]
         seqs = b if given else None
-        _engine_run(model, tok, prompts[:b], params, None, seqs)  # warm-up
+        _engine_run(model, tok, prompts[:min(b, 4)], params, None, seqs)  # warm-up: the loops, plans and caches
         plain_s, plain_out, plain_c, plain_prof = float("inf"), None, None, None
         best = {}
         for _ in range(repeats):
@@ -258,6 +259,10 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                                           c["spec_decode_num_accepted_tokens"])
             length = 1 + accepted / max(drafts, 1)
             alpha = alpha_from_tokens_per_step(length, k)
+            # f: the share of a sequence's decode steps that had guesses (prompt lookup finds none on
+            # some); the tokens not from a verify with guesses, nor sampled at the prompt, came one a step
+            plain_steps = max(c["num_generation_tokens"] - len(prompts) - drafts - accepted, 0)
+            f = drafts / max(drafts + plain_steps, 1)
             cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
             if cost is None:  # medusa
                 cost = _heads_cost(model, heads, k, batch=width) / one
@@ -267,11 +272,15 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          "tokens_per_s": emitted / dt, "speedup": plain_s / dt,
                          "acceptance_rate": accepted / max(proposed, 1), "alpha": alpha,
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
-                         "predicted_speedup": predicted_speedup(alpha, k, cost, v),
+                         "share_of_steps_with_guesses": f,
+                         # Leviathan's formula for the mix of steps: with guesses (L tokens for k c + v)
+                         # and without (1 token for 1); f = 1 gives his formula as printed
+                         "predicted_speedup": (f * length + 1 - f) / (f * (k * cost + v) + 1 - f),
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
                          "outputs_identical": outs == plain_out,
-                         # at batch 1, the formula's terms as the engine's own steps measured them
-                         **({"engine": engine_terms(plain_prof, prof, plain_c, c)} if width == 1 else {})})
+                         # the formula's terms as the engine's own steps measured them, and the
+                         # speedup of the decode steps alone (the prompts' prefill is the same either way)
+                         "engine": engine_terms(plain_prof, prof, plain_c, c)})
     return rows
 
 
@@ -399,20 +408,21 @@ def main(argv: list[str]) -> int:
               f"{r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} {r['mean_acceptance_length']:5.2f} "
               f"{r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} {r['outputs_identical']}")
     for name in dict.fromkeys(r["prompt_set"] for r in res["engine"]):
-        print(f"\nthe engine on the {name} prompts, speculation against the engine without it (greedy; "
+        print(f"\nthe engine on the {name} prompts, speculation against the engine without it (greedy; speedup: the "
+              "whole run, decode: its decode steps alone; "
               + ("all prompts at once)" if name == "code" else "all prompts, at most batch-size at a time)"))
-        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'predicted':>9} "
+        print(f"{'batch':>5} {'method':8} {'k':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'speedup':>8} {'decode':>7} {'predicted':>9} "
               f"{'a':>5} {'len':>5} {'c':>5} {'v':>5} {'steps':>11} same")
         for r in (r for r in res["engine"] if r["prompt_set"] == name):
             print(f"{r['batch_size']:>5} {r['method']:8} {r['num_speculative_tokens']:>2} {r['baseline_tokens_per_s']:11.1f} "
-                  f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} "
+                  f"{r['tokens_per_s']:10.1f} {r['speedup']:7.2f}x {r['engine']['measured_decode_speedup']:6.2f}x {r['predicted_speedup']:8.2f}x {r['alpha']:5.2f} "
                   f"{r['mean_acceptance_length']:5.2f} {r['draft_cost_ratio']:5.2f} {r['verify_cost_ratio']:5.2f} "
                   f"{r['steps']:>4} of {r['baseline_steps']:<4} {r['outputs_identical']}")
     steps = [r for r in res["engine"] if "engine" in r]
     if steps:
-        print("\nthe step at batch 1, as the engine ran it (ms per decode step; the formula's terms from these "
-              "steps: v = verify forward / plain forward, kc = the proposer's work, f = share of steps with guesses)")
-        print(f"{'set':8} {'method':8} {'k':>2} {'forward':>8} {'propose':>8} {'rest':>6} {'v':>5} {'kc':>5} {'f':>5} "
+        print("\nthe step as the engine ran it (ms per decode step; the formula's terms from these steps: "
+              "v = verify forward / plain forward, kc = the proposer's work, f = share of steps with guesses)")
+        print(f"{'set':8} {'batch':>5} {'method':8} {'k':>2} {'forward':>8} {'propose':>8} {'rest':>6} {'v':>5} {'kc':>5} {'f':>5} "
               f"{'len':>5} {'predicted':>9} {'measured':>8}")
         for r in steps:
             e = r["engine"]
@@ -423,7 +433,7 @@ def main(argv: list[str]) -> int:
                          f"{e['share_of_steps_with_guesses']:5.2f} {e['mean_acceptance_length']:5.2f} "
                          f"{e['predicted_decode_speedup']:8.2f}x {e['measured_decode_speedup']:7.2f}x"
                          if label != "plain" else "")
-                print(f"{r['prompt_set']:8} {label:8} {r['num_speculative_tokens'] if label != 'plain' else '':>2} "
+                print(f"{r['prompt_set']:8} {r['batch_size']:>5} {label:8} {r['num_speculative_tokens'] if label != 'plain' else '':>2} "
                       f"{per['forward'] * 1e3:8.1f} {drafting * 1e3:8.2f} {rest * 1e3:6.2f} {terms}")
     for g in res["goals"]:
         line = (f"goal on {g['prompt_set']}: {g['goal']}x at batch 1 -> {g['method']} k={g['num_speculative_tokens']} "

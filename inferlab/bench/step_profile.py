@@ -114,7 +114,8 @@ def profile_steps(engine):
 
 
 def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, spec_counters: dict) -> dict:
-    """Leviathan's terms measured on the engine itself at batch 1, from a run without
+    """Leviathan's terms measured on the engine itself (at batch 1; at a larger batch a step's, with
+    f counting steps in which any sequence had guesses), from a run without
     speculation (``plain``) and one with it (``spec``; each with its engine's ``counters``):
     the decode forward t1 (seconds), v (a verify forward over t1), k c (the proposer's own work
     per step with guesses, over t1), the share f of decode steps that had guesses, L (tokens per

@@ -169,8 +169,10 @@ def speedup_figure(rows: list[dict], goals: dict[str, float]) -> go.Figure:
 
 
 def crossover_figure(rows: list[dict]) -> go.Figure:
-    """Engine speedup against the batch size, one colour per method: measured (solid, markers) and
-    the formula's prediction from a, c and v measured at that batch size (dashed, same colour)."""
+    """The decode steps' speedup against the batch size, one colour per method: measured (solid,
+    markers) and the steps it saved the batch, plain steps over speculative ones (dashed, same
+    colour): the speedup if a verify step cost no more than a plain one. ``rows``:
+    ``bench.spec.engine_table`` rows."""
     from inferlab.viz.kv_blocks import PALETTE
 
     fig = go.Figure()
@@ -178,15 +180,16 @@ def crossover_figure(rows: list[dict]) -> go.Figure:
     for name, color in zip(names, PALETTE):
         mine = [r for r in rows if f"{r['method']} k={r['num_speculative_tokens']}" == name]
         x = [r["batch_size"] for r in mine]
-        fig.add_scatter(x=x, y=[r["speedup"] for r in mine], mode="lines+markers", name=f"{name}, measured",
-                        line=dict(color=color), legendgroup=name)
-        fig.add_scatter(x=x, y=[r["predicted_speedup"] for r in mine], mode="lines", name=f"{name}, predicted",
-                        line=dict(color=color, dash="dash"), legendgroup=name)
+        fig.add_scatter(x=x, y=[r["engine"]["measured_decode_speedup"] for r in mine], mode="lines+markers",
+                        name=f"{name}, measured", line=dict(color=color), legendgroup=name)
+        fig.add_scatter(x=x, y=[r["baseline_steps"] / r["steps"] for r in mine], mode="lines+markers",
+                        name=f"{name}, steps saved", line=dict(color=color, dash="dash"), marker=dict(symbol="circle-open"),
+                        legendgroup=name)
     fig.add_hline(y=1, line_dash="dot", line_color="#555", annotation_text="no speculation",
                   annotation_position="bottom left")
     batches = sorted({r["batch_size"] for r in rows})
     style(fig, "Through the engine: speculation's speedup as the batch fills", height=420, log_x=True)
     fig.update_xaxes(title="batch size (sequences decoding together)", tickvals=batches,
                      ticktext=[str(b) for b in batches], dtick=None, minor=dict(ticks=""))
-    fig.update_yaxes(title="tokens/s over the engine without speculation")
+    fig.update_yaxes(title="decode steps: speedup over no speculation")
     return fig

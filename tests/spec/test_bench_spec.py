@@ -33,11 +33,14 @@ def test_engine_table_small_run():
     for r in rows:
         assert r["outputs_identical"] is True
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= 1 + r["num_speculative_tokens"]
-        assert r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
+        assert r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0 and r["engine"]["measured_decode_speedup"] > 0
         assert r["verify_cost_ratio"] > 0 and r["predicted_speedup"] > 0
         assert (r["draft_cost_ratio"] == 0) == (r["method"] == "ngram")
         assert r["alpha"] >= r["acceptance_rate"] - 1e-9  # per-position a is never below the share kept
     assert rows[0]["steps"] < rows[0]["baseline_steps"] == 8
+    # batch 1: the share of steps with guesses, from the counters, is the one the step profile counted
+    for r in (r for r in rows if r["batch_size"] == 1):
+        assert r["share_of_steps_with_guesses"] == pytest.approx(r["engine"]["share_of_steps_with_guesses"]), r["method"]
     assert all(r["acceptance_rate"] > 0 for r in rows if r["method"] == "medusa")
 
 
