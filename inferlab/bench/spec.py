@@ -250,9 +250,11 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         emitted = sum(len(o) for o in plain_out)
         width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
-        one = _forward_cost(model, 1, prompt_tokens, batch=width)
-        draft_c = _forward_cost(dmodel, 1, prompt_tokens, batch=width) / one if dmodel is not None else 0.0
-        eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width) if edraft is not None else 0.0
+        reps = max(3, 20 // width)  # best of: a larger batch's forward is long enough to time in fewer
+        one = _forward_cost(model, 1, prompt_tokens, reps, batch=width)
+        draft_c = _forward_cost(dmodel, 1, prompt_tokens, reps, batch=width) / one if dmodel is not None else 0.0
+        eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width, repeats=reps) if edraft is not None else 0.0
+        verify = {k: _forward_cost(model, k + 1, prompt_tokens, reps, batch=width) / one for k in dict.fromkeys(ks)}
         for method, k in runs:
             dt, outs, c, prof = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
@@ -265,8 +267,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
             f = drafts / max(drafts + plain_steps, 1)
             cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
             if cost is None:  # medusa
-                cost = _heads_cost(model, heads, k, batch=width) / one
-            v = _forward_cost(model, k + 1, prompt_tokens, batch=width) / one
+                cost = _heads_cost(model, heads, k, reps, batch=width) / one
+            v = verify[k]
             rows.append({"batch_size": width, "method": method, "num_speculative_tokens": k,
                          "baseline_tokens_per_s": emitted / plain_s,
                          "tokens_per_s": emitted / dt, "speedup": plain_s / dt,
