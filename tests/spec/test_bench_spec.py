@@ -92,13 +92,13 @@ def test_needed_alpha_reaches_the_goal_exactly(k, c, v):
 
 def test_goal_verdict_names_the_best_allowed_method():
     rows = [{"batch_size": 1, "method": "ngram", "num_speculative_tokens": 2, "speedup": 3.0, "predicted_speedup": 3.2,
-             "alpha": 0.9, "draft_cost_ratio": 0.0, "verify_cost_ratio": 1.0},
+             "alpha": 0.9, "draft_cost_ratio": 0.0, "verify_cost_ratio": 1.0, "engine": {"measured_decode_speedup": 3.3}},
             {"batch_size": 1, "method": "eagle", "num_speculative_tokens": 4, "speedup": 1.2, "predicted_speedup": 1.5,
-             "alpha": 0.4, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05},
+             "alpha": 0.4, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 1.3}},
             {"batch_size": 4, "method": "eagle", "num_speculative_tokens": 4, "speedup": 2.0, "predicted_speedup": 2.0,
-             "alpha": 0.7, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05}]
+             "alpha": 0.7, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 2.1}}]
     grounded = spec.goal_verdict(rows, "grounded")
-    assert grounded["method"] == "ngram" and grounded["met"]
+    assert grounded["method"] == "ngram" and grounded["met"] and grounded["decode_speedup"] == 3.3
     free = spec.goal_verdict(rows, "free")  # n-gram does not count there, nor batch 4
     assert free["method"] == "eagle" and not free["met"] and free["needed_alpha"] > free["alpha"]
     assert abs(free["delivered_share_of_prediction"] - 0.8) < 1e-9
