@@ -13,12 +13,6 @@ import contextlib
 import os
 from typing import Iterator, NamedTuple
 
-#: The most rows a decode step's C path takes (the decode layers, the float32 loop, silu_mul): 32
-#: sequences each verifying k = 3 guesses. Up to it every decode and verify row meets the same
-#: loops, whose result for a row does not depend on the other rows beside it, so a sequence's
-#: greedy output is the same alone, in a batch or under speculation.
-MAX_DECODE_ROWS = 128
-
 
 class Settings(NamedTuple):
     """The environment variables that choose the decode loops, read together."""

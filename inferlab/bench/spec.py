@@ -53,7 +53,7 @@ from inferlab.spec import layer_draft
 from inferlab.spec.medusa import MedusaGuesser, beside_target, heads_folder_for, load_heads
 from inferlab.spec.ngram import NgramProposer
 from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
-from inferlab.spec.rejection import alpha_from_tokens_per_step, predicted_speedup
+from inferlab.spec.rejection import alpha_from_tokens_per_step, mixed_speedup, predicted_speedup
 
 
 def held_out_prompts(tokenizer, n: int, prompt_tokens: int) -> list[list[int]]:
@@ -277,9 +277,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          "acceptance_rate": accepted / max(proposed, 1), "alpha": alpha,
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
                          "share_of_steps_with_guesses": f,
-                         # Leviathan's formula for the mix of steps: with guesses (L tokens for k c + v)
-                         # and without (1 token for 1); f = 1 gives his formula as printed
-                         "predicted_speedup": (f * length + 1 - f) / (f * (k * cost + v) + 1 - f),
+                         # Leviathan's formula over the mix of steps with and without guesses
+                         "predicted_speedup": mixed_speedup(f, length, k * cost, v),
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
                          "outputs_identical": outs == plain_out,
                          # the formula's terms as the engine's own steps measured them, and the

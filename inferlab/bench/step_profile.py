@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 
 import inferlab.engine.llm_engine as _llm_engine
+from inferlab.spec.rejection import mixed_speedup
 
 PHASES = ("propose", "fill", "schedule", "forward", "verify", "update", "observe", "python")
 
@@ -138,7 +139,7 @@ def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, sp
     rate = lambda prof, c: c["decode_tokens"] / max(prof.decode_seconds(), 1e-12)  # noqa: E731
     return {"decode_forward_s": t1, "verify_cost_ratio": v, "draft_cost_per_step": kc,
             "share_of_steps_with_guesses": f, "mean_acceptance_length": length, "plain_step_ratio": w,
-            "predicted_decode_speedup": (f * length + 1 - f) / (f * (kc + v) + (1 - f) * w),
+            "predicted_decode_speedup": mixed_speedup(f, length, kc, v, w),
             "measured_decode_speedup": rate(spec, spec_counters) / rate(plain, plain_counters),
             "plain_step_s": plain.per_step("plain"), "spec_step_s": per,
             "spec_plain_step_s": spec.per_step("plain")}

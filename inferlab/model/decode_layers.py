@@ -26,13 +26,15 @@ import torch
 from torch import nn
 
 from inferlab import native
-from inferlab.loop_settings import MAX_DECODE_ROWS, settings
+from inferlab.loop_settings import settings
 from inferlab.quant.base import version
 
 SOURCE = Path(__file__).with_name("decode_layers.c")
 DEPENDS = (Path(__file__).with_name("glue.c"), Path(__file__).parent.parent / "attention" / "cpu_decode.c",
            Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")
-MAX_ROWS = MAX_DECODE_ROWS  #: a decode batch and its verifies (the attention's rows are one per query; more: the modules run)
+#: The most rows one call takes: 32 sequences each verifying k = 3 guesses (more: the modules run,
+#: through the same loops, so a row's bits are the same either way).
+MAX_ROWS = 128
 _p, _i, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIG_P_I, SIG_PP_I, SIG_PPP_II, SIG_P_II = 0, 1, 2, 3
 

@@ -133,3 +133,10 @@ def predicted_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     (1 - alpha^(k+1)) / ((1 - alpha)(k c + v)), with c the cost of one draft forward and v the
     cost of the (k+1)-token verify forward, both relative to one 1-token target forward."""
     return expected_tokens_per_step(alpha, k) / (k * c + v)
+
+
+def mixed_speedup(f: float, length: float, kc: float, v: float, w: float = 1.0) -> float:
+    """Leviathan's speedup over a mix of steps: a share f with guesses (``length`` tokens for a
+    proposer's k c and a verify's v) and the rest without (1 token for w, 1 on a steady machine),
+    all in plain decode steps. f = 1 gives :func:`predicted_speedup` with length for its numerator."""
+    return (f * length + 1 - f) / (f * (kc + v) + (1 - f) * w)

@@ -10,6 +10,7 @@ import torch
 
 from inferlab.sampling import make_generator
 from inferlab.spec import expected_tokens_per_step, predicted_speedup, rejection, rejection_sample
+from inferlab.spec.rejection import mixed_speedup
 
 V = 4
 
@@ -200,6 +201,16 @@ def test_speedup_formula_edges():
     assert expected_tokens_per_step(1.0, 3) == 4
     assert expected_tokens_per_step(0.0, 3) == 1
     assert predicted_speedup(0.0, 2, 0.5) == pytest.approx(0.5)  # all rejected: pure cost
+
+
+def test_mixed_speedup_prices_steps_with_and_without_guesses():
+    """Every step with guesses: Leviathan's formula; none: plain decoding (1, or 1 / w on a machine
+    slower by w); half and half: total tokens over total cost, counted by hand."""
+    alpha, k, c, v = 0.7, 3, 0.1, 1.2
+    tokens = expected_tokens_per_step(alpha, k)
+    assert mixed_speedup(1.0, tokens, k * c, v) == pytest.approx(predicted_speedup(alpha, k, c, v))
+    assert mixed_speedup(0.0, tokens, k * c, v) == 1.0 and mixed_speedup(0.0, tokens, k * c, v, w=1.25) == 0.8
+    assert mixed_speedup(0.5, 3.0, 0.3, 1.5, w=1.1) == pytest.approx((3.0 + 1) / (0.3 + 1.5 + 1.1))
 
 
 def test_no_guesses_is_plain_sampling_from_the_target():
