@@ -1,5 +1,6 @@
 /* Decode loops for every quantized format on x86 CPUs with AVX2 and no AVX-512 VNNI (most laptops,
-   many servers): the loops of vnni.c, row for row, with AVX2's integer products in place of VNNI's.
+   many servers): the loops of vnni.c, row for row and over the same tiles of 16 outputs (at the
+   end of this file), with AVX2's integer products in place of VNNI's.
 
    vnni.c's vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and adds each four products
    into an int32 lane in one instruction. AVX2 takes two for 32 bytes, as llama.cpp's quants.c does:
@@ -358,5 +359,229 @@ AVX2 int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight,
         ROW_CHUNKS(M, NF4_ROWS);
     }
     free(xe);
+    return 0;
+}
+
+/* The loops over tiles of 16 outputs (vnni.c: why, and the layouts, which inferlab/quant/ggml.py,
+   int8.py and int4.py build). A tile's 64-byte registers hold 16 outputs x 4 bytes; AVX2's 32-byte
+   registers take 8 outputs, so each tile runs as two halves (h = 0, 1) over the same blocks, the
+   second reading them again from L1. Every product of one row with a weight byte is formed once
+   per half as on AVX-512, but by AVX2's two-step vpmaddubsw + vpmaddwd, so a row here costs about
+   twice its instructions there.
+   Q4_0/Q4_1 and INT4: a block's 8 products of 4-bit codes with int8 activations (each pair sum at
+   most 2 * 15 * 127 = 3810) add up in int16 (at most 30480), then widen once; the unpacked nibbles
+   are shared by the chunk's rows. */
+AVX2 INLINE __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* 8 outputs' int32 sums over one block: lo[i] / hi[i] meet 4 activation bytes each, broadcast. */
+AVX2 INLINE __m256i nibble_tile_dot(const __m256i *lo, const __m256i *hi, const int8_t *xl, const int8_t *xh) {
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[i], bcast4(xl + 4 * i)));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[i], bcast4(xh + 4 * i)));
+    }
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+AVX2 INLINE void nibble_unpack(const uint8_t *p, int h, __m256i *lo, __m256i *hi) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < 4; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h));
+        lo[i] = _mm256_and_si256(v, low);
+        hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+}
+
+AVX2 INLINE void nibble_tile_rows(const int8_t *xq, const float *act, int K, int B, const uint8_t *tile,
+                                  float *y, int N, int t, int m0, const int MR, const int has_min) {
+    const int tile_bytes = has_min ? 320 : 288;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int b = 0; b < B; b++) {
+            const uint8_t *p = tile + (size_t)b * tile_bytes;
+            if (m0 == 0 && h == 0)
+                for (int i = 0; i < tile_bytes; i += 64) _mm_prefetch((const char *)(p + 4 * tile_bytes + i), _MM_HINT_T0);
+            __m256i lo[4], hi[4];
+            nibble_unpack(p, h, lo, hi);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 256 + 16 * h)));
+            const __m256 c = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 288 + 16 * h)))
+                                     : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+            for (int j = 0; j < MR; j++) {
+                const int8_t *xb = xq + (size_t)(m0 + j) * K + b * 32;
+                const float *a = act + 2 * ((size_t)(m0 + j) * B + b);  /* xs, xs * sum xq */
+                const __m256i dot = nibble_tile_dot(lo, hi, xb, xb + 16);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(a[0])), acc[j]);
+                acc[j] = _mm256_fmadd_ps(c, _mm256_set1_ps(a[1]), acc[j]);
+            }
+        }
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
+    }
+}
+
+AVX2 INLINE int nibble_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y,
+                                  int nthreads, const int has_min) {
+    const int B = K / 32, tile_bytes = B * (has_min ? 320 : 288);
+    int8_t *xq; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    float *act = block_constants(xs, xsum, (size_t)M * B);
+    if (!act) { free_activations(xq, xs, xsum); return -1; }
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define NIBBLE_TILE_ROWS(R) nibble_tile_rows(xq, act, K, B, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, has_min)
+        ROW_CHUNKS(M, NIBBLE_TILE_ROWS);
+    }
+    free(act);
+    free_activations(xq, xs, xsum);
+    return 0;
+}
+
+AVX2 int inferlab_q4_0_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 0);
+}
+
+AVX2 int inferlab_q4_1_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    return nibble_tiles_gemv(x, M, K, tiles, N, y, nthreads, 1);
+}
+
+/* INT4 tiles: as Q4_0's blocks, low nibbles against the even columns' activations and high against
+   the odd ones'; a group's blocks widen one by one into its int32 sums, then its 16 scales and zero
+   points apply (sum (q - z) s xs xq = s xs sum q xq - s z xs sum xq). */
+AVX2 INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K,
+                                int G, int group_size, const uint8_t *tile, float *y, int N, int t, int m0,
+                                const int MR) {
+    const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            const uint8_t *p = tile + (size_t)g * group_bytes;
+            __m256i dot[4];
+            for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+            for (int blk = 0; blk < blocks; blk++) {
+                const uint8_t *c = p + blk * 256;
+                if (m0 == 0 && h == 0)
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(c + 4 * group_bytes + 64 * i), _MM_HINT_T0);
+                __m256i lo[4], hi[4];
+                nibble_unpack(c, h, lo, hi);
+                const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
+                for (int j = 0; j < MR; j++)
+                    dot[j] = _mm256_add_epi32(dot[j], nibble_tile_dot(lo, hi, xe + (size_t)(m0 + j) * half + col,
+                                                                      xo + (size_t)(m0 + j) * half + col));
+            }
+            const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 16 * h)));
+            const __m256 z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + blocks * 256 + 32 + 8 * h))));
+            const __m256 sz = _mm256_mul_ps(s, z);
+            for (int j = 0; j < MR; j++) {
+                const float sx = xs[(size_t)(m0 + j) * G + g];
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(s, _mm256_set1_ps(sx)), acc[j]);
+                acc[j] = _mm256_fnmadd_ps(sz, _mm256_set1_ps(sx * (float)xsum[(size_t)(m0 + j) * G + g]), acc[j]);
+            }
+        }
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
+    }
+}
+
+AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
+                                  float *y, int nthreads) {
+    const int G = K / group_size, half = K / 2;
+    const size_t tile_bytes = (size_t)G * ((group_size / 32) * 256 + 64);
+    int8_t *xe; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R)
+        ROW_CHUNKS(M, INT4_TILE_ROWS);
+    }
+    free_activations(xe, xs, xsum);
+    return 0;
+}
+
+/* Q8_0 tiles: per block 8 registers of [16 outputs x 4 codes], then 16 fp16 scales (544 bytes).
+   Signed codes against signed activations through the sign trick of q8_0_rows: |q| once per block
+   and half, each row's 4 broadcast bytes taking each code's sign; a pair sum reaches 32512, so
+   every product widens before the next adds. */
+AVX2 INLINE void q8_0_tile_rows(const int8_t *xq, const float *xs, int K, int B, const uint8_t *tile,
+                                float *y, int N, int t, int m0, const int MR) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int b = 0; b < B; b++) {
+            const uint8_t *p = tile + (size_t)b * 544;
+            if (m0 == 0 && h == 0)
+                for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(p + 4 * 544 + 64 * i), _MM_HINT_T0);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 512 + 16 * h)));
+            __m256i dot[4];
+            for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+            for (int i = 0; i < 8; i++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(p + 64 * i + 32 * h)), w_abs = _mm256_sign_epi8(w, w);
+                for (int j = 0; j < MR; j++) {
+                    const __m256i xb = bcast4(xq + (size_t)(m0 + j) * K + b * 32 + 4 * i);
+                    dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(xb, w)), ones));
+                }
+            }
+            for (int j = 0; j < MR; j++)
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(d, _mm256_set1_ps(xs[(size_t)(m0 + j) * B + b])), acc[j]);
+        }
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
+    }
+}
+
+AVX2 int inferlab_q8_0_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    const int B = K / 32;
+    int8_t *xq; float *xs;
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, NULL)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define Q8_0_TILE_ROWS(R) q8_0_tile_rows(xq, xs, K, B, tiles + (size_t)t * B * 544, y, N, t, m0, R)
+        ROW_CHUNKS(M, Q8_0_TILE_ROWS);
+    }
+    free_activations(xq, xs, NULL);
+    return 0;
+}
+
+/* INT8 tiles: per block 16 column pairs of [16 outputs x 2 codes]; a half's 16 bytes widen to
+   int16 and meet each row's broadcast pair of int16 activations in one vpmaddwd (as int8_rows). */
+AVX2 INLINE void int8_tile_rows(const int16_t *xq, const float *xs, int K, int B, const int8_t *tile,
+                                const uint16_t *scales, float *y, int N, int t, int m0, const int MR) {
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int b = 0; b < B; b++) {
+            const int8_t *p = tile + (size_t)b * 512;
+            if (m0 == 0 && h == 0)
+                for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(p + 4 * 512 + 64 * i), _MM_HINT_T0);
+            __m256i dot[4];
+            for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+            for (int i = 0; i < 16; i++) {
+                const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 32 * i + 16 * h)));
+                for (int j = 0; j < MR; j++)
+                    dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(w, bcast4(xq + (size_t)(m0 + j) * K + b * 32 + 2 * i)));
+            }
+            for (int j = 0; j < MR; j++)
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_set1_ps(xs[(size_t)(m0 + j) * B + b]), acc[j]);
+        }
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * t + 8 * h)));
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, _mm256_mul_ps(acc[j], s));
+    }
+}
+
+AVX2 int inferlab_int8_tiles_gemv(const float *x, int M, int K, const int8_t *tiles, const uint16_t *scales,
+                                  int N, float *y, int nthreads) {
+    const int B = K / 32;
+    int16_t *xq; float *xs;
+    if (quantized_activations(x, M, K, 32, 32767, 0, 0, (void **)&xq, &xs, NULL)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define INT8_TILE_ROWS(R) int8_tile_rows(xq, xs, K, B, tiles + (size_t)t * 16 * K, scales, y, N, t, m0, R)
+        ROW_CHUNKS(M, INT8_TILE_ROWS);
+    }
+    free_activations(xq, xs, NULL);
     return 0;
 }

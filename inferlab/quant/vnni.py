@@ -214,8 +214,8 @@ TILED_TYPES = ("q8_0", "q4_0", "q4_1")
 
 
 def tiles_available() -> bool:
-    """Are there loops over tiles of 16 outputs here (INT8's and the TILED_TYPES': the AVX-512 build
-    and the portable one)?"""
+    """Are there loops over tiles of 16 outputs here (INT8's, INT4's and the TILED_TYPES': the
+    AVX-512 and AVX2 builds and the portable one; not the NEON build)?"""
     return available() and hasattr(_library(), "inferlab_q4_1_tiles_gemv")
 
 
