@@ -585,3 +585,57 @@ AVX2 int inferlab_int8_tiles_gemv(const float *x, int M, int K, const int8_t *ti
     free_activations(xq, xs, NULL);
     return 0;
 }
+
+/* Q4_K tiles (vnni.c's layout): a half's 8 registers of a sub-block's codes at a time (low nibbles,
+   then high), so they fit AVX2's 16 registers beside the rows' sums; its 8 products add up in int16
+   as Q4_1's do. */
+#define Q4_K_TILE_BYTES 2368
+AVX2 INLINE void q4_k_tile_rows(const int8_t *xq, const float *xs, const int32_t *xsum, int K, int S,
+                                const uint8_t *tile, float *y, int N, int t, int m0, const int MR) {
+    const int B = K / 32;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int s = 0; s < S; s++) {
+            const uint8_t *p = tile + (size_t)s * Q4_K_TILE_BYTES, *nums = p + 2048;
+            if (m0 == 0 && h == 0)
+                for (int i = 0; i < Q4_K_TILE_BYTES; i += 64) _mm_prefetch((const char *)(p + Q4_K_TILE_BYTES + i), _MM_HINT_T0);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(nums + 16 * h)));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(nums + 32 + 16 * h)));
+            for (int sub = 0; sub < 8; sub++) {  /* sub-block 2i + nib: chunk i's low (nib 0) or high nibbles */
+                const int i = sub / 2, nib = sub % 2;
+                const uint8_t *c = p + 512 * i + 32 * h;
+                __m256i q[8];
+                for (int r = 0; r < 8; r++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(c + 64 * r));
+                    q[r] = _mm256_and_si256(nib ? _mm256_srli_epi16(v, 4) : v, low);
+                }
+                const __m256 sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(nums + 64 + 16 * sub + 8 * h)))));
+                const __m256 mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(nums + 192 + 16 * sub + 8 * h)))));
+                for (int j = 0; j < MR; j++) {
+                    const int8_t *xb = xq + (size_t)(m0 + j) * K + s * 256 + 64 * i + 32 * nib;
+                    __m256i acc16 = _mm256_setzero_si256();
+                    for (int r = 0; r < 8; r++) acc16 = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(q[r], bcast4(xb + 4 * r)));
+                    const size_t g = (size_t)(m0 + j) * B + s * 8 + sub;
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16, ones)), _mm256_mul_ps(sc, _mm256_set1_ps(xs[g])), acc[j]);
+                    acc[j] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xs[g] * (float)xsum[g]), acc[j]);
+                }
+            }
+        }
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
+    }
+}
+
+AVX2 int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, float *y, int nthreads) {
+    const int S = K / 256;
+    int8_t *xq; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define Q4_K_TILE_ROWS(R) q4_k_tile_rows(xq, xs, xsum, K, S, tiles + (size_t)t * S * Q4_K_TILE_BYTES, y, N, t, m0, R)
+        ROW_CHUNKS(M, Q4_K_TILE_ROWS);
+    }
+    free_activations(xq, xs, xsum);
+    return 0;
+}

@@ -173,10 +173,13 @@ FUSED = {"q8_0": fused.q8_0_matmul, "q4_0": fused.q4_0_matmul, "q4_1": fused.q4_
 
 
 def block_tiles(qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    """Q8_0, Q4_0 or Q4_1 rows [N, bytes] (N a multiple of 16) laid out for the loops over tiles of 16
-    outputs (``inferlab_*_tiles_gemv`` in vnni.c: why): for each tile and each block of 32 columns,
-    the 16 outputs' code bytes interleaved 4 at a time ([code bytes / 4, 16 outputs, 4 bytes]), then
-    their 16 fp16 scales d and (Q4_1) their 16 fp16 mins m. The same bytes, in another order."""
+    """Q8_0, Q4_0, Q4_1 or Q4_K rows [N, bytes] (N a multiple of 16) laid out for the loops over tiles
+    of 16 outputs (``inferlab_*_tiles_gemv`` in vnni.c: why): for each tile and each block of 32
+    columns, the 16 outputs' code bytes interleaved 4 at a time ([code bytes / 4, 16 outputs, 4 bytes]),
+    then their 16 fp16 scales d and (Q4_1) their 16 fp16 mins m. The same bytes, in another order;
+    Q4_K's own layout: :func:`q4_k_tiles`."""
+    if ggml_type == "q4_k":
+        return q4_k_tiles(qweight)
     _, nbytes = BLOCKS[ggml_type]
     head = 4 if ggml_type == "q4_1" else 2  # the fp16 numbers before each block's codes: d, and Q4_1's m
     n = qweight.shape[0]
@@ -185,6 +188,22 @@ def block_tiles(qweight: torch.Tensor, ggml_type: str) -> torch.Tensor:
     codes = blocks[..., head:].reshape(t, 16, b, groups, 4).permute(0, 2, 3, 1, 4).reshape(t, b, 64 * groups)
     numbers = [blocks[..., 2 * k:2 * k + 2].permute(0, 2, 1, 3).reshape(t, b, 32) for k in range(head // 2)]
     return torch.cat([codes, *numbers], dim=-1).contiguous()
+
+
+def q4_k_tiles(qweight: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows [N, super-blocks * 144] as tiles of 16 outputs: for each tile and super-block of 256
+    columns, its 4 chunks of 64 columns as [8, 16 outputs, 4 code bytes] (a chunk's low nibbles are
+    sub-block 2i, its high ones 2i + 1), then the 16 fp16 d, the 16 fp16 dmin, and the 6-bit scales
+    and mins unpacked to a byte each as [8 sub-blocks, 16 outputs]: 2,368 bytes per 16 super-blocks
+    of 144 (``inferlab_q4_k_tiles_gemv``)."""
+    n = qweight.shape[0]
+    blocks = qweight.view(n // 16, 16, -1, 144)  # [tile, output, super-block, byte]
+    t, s = blocks.shape[0], blocks.shape[2]
+    codes = blocks[..., 16:].reshape(t, 16, s, 4, 8, 4).permute(0, 2, 3, 4, 1, 5).reshape(t, s, 2048)
+    d, dmin = (blocks[..., k:k + 2].permute(0, 2, 1, 3).reshape(t, s, 32) for k in (0, 2))
+    sc, mn = q4_k_scales_mins(blocks[..., 4:16].reshape(-1, 12))
+    sc, mn = (v.view(t, 16, s, 8).permute(0, 2, 3, 1).reshape(t, s, 128) for v in (sc, mn))
+    return torch.cat([codes, d, dmin, sc, mn], dim=-1).contiguous()
 
 
 class GGMLLinear(QuantLinear):

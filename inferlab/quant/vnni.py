@@ -210,7 +210,7 @@ def nf4_available() -> bool:
 _nf4_available = torch._dynamo.assume_constant_result(nf4_available)
 
 #: The block types with a loop over tiles of 16 outputs (``inferlab.quant.ggml.block_tiles``).
-TILED_TYPES = ("q8_0", "q4_0", "q4_1")
+TILED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k")
 
 
 def tiles_available() -> bool:
@@ -348,7 +348,7 @@ def int4_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, group_size: 
 
 
 def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str) -> torch.Tensor | None:
-    """x [..., K] @ w^T for Q8_0, Q4_0 or Q4_1 weights laid out in tiles of 16 outputs (``n`` of them, a
+    """x [..., K] @ w^T for Q8_0, Q4_0, Q4_1 or Q4_K weights laid out in tiles of 16 outputs (``n`` of them, a
     multiple of 16), eager only; None: not here."""
     if ggml_type not in TILED_TYPES or n % 16 or not _usable_tiles(x, tiles):
         return None

@@ -123,7 +123,7 @@ def test_tiles_of_16_outputs_are_the_blocks_arithmetic(loops, ggml_type, rows):
     """The loops over tiles of 16 outputs (48 outputs: three tiles) compute what the plain loops do:
     the same rounded activations against the dequantized blocks, in another order."""
     torch.manual_seed(rows)
-    k = 96
+    k = 512 if ggml_type == "q4_k" else 96  # Q4_K: two super-blocks of 256
     mod = GGMLLinear.from_float(nn.Linear(k, 48, bias=False), ggml_type)
     x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)
     xq, xs = _codes(x.view(rows, k // 32, 32))
