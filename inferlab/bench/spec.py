@@ -209,10 +209,15 @@ def _engine_run(model, tok, prompts, params, spec: dict | None, max_num_seqs: in
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
                  new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft",
                  medusa: tuple | None = None, eagle: str | None = None, prompts: list[list[int]] | None = None,
-                 params: SamplingParams | None = None) -> list[dict]:
+                 params: SamplingParams | None = None, module_costs: bool = True) -> list[dict]:
     """Speculation through the engine against the engine without it, per batch size, method and k
     (``medusa``: (the heads' folder, their number), for a "medusa" method: k up to that number;
     ``eagle``: the EAGLE draft's folder, for an "eagle" method).
+
+    Every row carries the formula's terms from the engine's own steps (``engine``). With
+    ``module_costs`` it also times c and v off the engine, each forward alone on the module path
+    (``draft_cost_ratio``, ``verify_cost_ratio``, ``predicted_speedup``); without, those are None
+    and the table takes a fraction of the time at larger batches.
 
     Without ``prompts``, batch size b runs the first b held-out code prompts at once. With
     ``prompts`` (token ids, e.g. ``chat_prompts``) and ``params``, every batch size runs all of
@@ -253,10 +258,11 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
         reps = max(3, 20 // width)  # best of: a larger batch's forward is long enough to time in fewer
-        one = _forward_cost(model, 1, prompt_tokens, reps, batch=width)
-        draft_c = _forward_cost(dmodel, 1, prompt_tokens, reps, batch=width) / one if dmodel is not None else 0.0
-        eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width, repeats=reps) if edraft is not None else 0.0
-        verify = {k: _forward_cost(model, k + 1, prompt_tokens, reps, batch=width) / one for k in dict.fromkeys(ks)}
+        if module_costs:
+            one = _forward_cost(model, 1, prompt_tokens, reps, batch=width)
+            draft_c = _forward_cost(dmodel, 1, prompt_tokens, reps, batch=width) / one if dmodel is not None else 0.0
+            eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width, repeats=reps) if edraft is not None else 0.0
+            verify = {k: _forward_cost(model, k + 1, prompt_tokens, reps, batch=width) / one for k in dict.fromkeys(ks)}
         for method, k in runs:
             dt, outs, c, prof = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
@@ -267,10 +273,12 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
             # some); the tokens not from a verify with guesses, nor sampled at the prompt, came one a step
             plain_steps = max(c["num_generation_tokens"] - len(prompts) - drafts - accepted, 0)
             f = drafts / max(drafts + plain_steps, 1)
-            cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
-            if cost is None:  # medusa
-                cost = _heads_cost(model, heads, k, reps, batch=width) / one
-            v = verify[k]
+            cost = v = None
+            if module_costs:
+                cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
+                if cost is None:  # medusa
+                    cost = _heads_cost(model, heads, k, reps, batch=width) / one
+                v = verify[k]
             rows.append({"batch_size": width, "method": method, "num_speculative_tokens": k,
                          "baseline_tokens_per_s": emitted / plain_s,
                          "tokens_per_s": emitted / dt, "speedup": plain_s / dt,
@@ -278,7 +286,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
                          "share_of_steps_with_guesses": f,
                          # Leviathan's formula over the mix of steps with and without guesses
-                         "predicted_speedup": mixed_speedup(f, length, k * cost, v),
+                         "predicted_speedup": mixed_speedup(f, length, k * cost, v) if module_costs else None,
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
                          "outputs_identical": outs == plain_out,
                          # the formula's terms as the engine's own steps measured them, and the

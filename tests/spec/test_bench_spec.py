@@ -76,6 +76,11 @@ def test_engine_table_on_chat_prompts_runs_every_prompt_at_each_batch_size(toy_e
     for r in rows:
         assert r["outputs_identical"] is True and r["baseline_steps"] >= 3 * 8 // r["batch_size"] - 1
     assert all(0 < r["draft_cost_ratio"] < 1 for r in rows if r["method"] == "eagle")
+    # without the module-path timings, only the engine's own terms
+    (row,) = spec.engine_table(model, tok, ks=(2,), batch_sizes=(2,), repeats=1, methods=("ngram",),
+                               prompts=prompts, params=params, module_costs=False)
+    assert row["verify_cost_ratio"] is row["draft_cost_ratio"] is row["predicted_speedup"] is None
+    assert row["outputs_identical"] is True and row["engine"]["verify_cost_ratio"] > 0
     with pytest.raises(Exception, match="unknown prompt set"):
         spec.chat_prompts(tok, "about")
 
