@@ -4,8 +4,10 @@ A decode step multiplies each weight by as many rows as it has sequences; a spec
 k + 1 rows. On a memory-bound model the weights' bytes set the time, so a loop that reads each
 weight once for all its rows makes the extra rows nearly free: that ratio is the ``v`` of
 speculative decoding (Leviathan et al. 2023: the cost of a verify forward over one decode step)
-and the marginal cost of a sequence in a batch. Each format is timed through the module the
-engine runs (its decode loop where one runs here), ``fp32-torch`` is ``F.linear`` on the same
+and the marginal cost of a sequence in a batch. Each format is timed through the loops a decode
+step runs, all of a pass's linears in one C call (``decode_layers.LinearsCall``), so no Python sits
+between them to flatten the ratios (a module call costs 10-20 us, as much as a small product); a
+format without loops here runs its modules instead, and ``fp32-torch`` is ``F.linear`` on the same
 weights for comparison. Rows of every (format, row count) are interleaved round-robin, best of
 ``--repeats``, so each ratio compares runs made under the same machine load.
 
@@ -28,6 +30,7 @@ from torch.nn import functional as F
 
 from inferlab.cli import HelpFormatter
 from inferlab.loop_settings import held
+from inferlab.model.decode_layers import LinearsCall
 
 ROWS = (1, 2, 5, 9, 17)
 FORMATS = ("fp32", "fp32-torch", "int8", "int4", "nf4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
@@ -58,7 +61,7 @@ class _Torch(torch.nn.Module):
     def __init__(self, lin):
         super().__init__()
         self.weight, self.bias = lin.weight, lin.bias
-        self.in_features = lin.in_features
+        self.in_features, self.out_features = lin.in_features, lin.out_features
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -74,15 +77,26 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
     widths = {m.in_features for ls in linears.values() for m in ls}
     torch.manual_seed(0)
     xs = {r: {k: torch.randn(r, k) for k in widths} for r in rows}
+    for f in formats:  # build what the loops read (tiles) before the C calls take their pointers
+        for m in linears[f]:
+            m(xs[1][m.in_features])
+    calls = {(f, where): LinearsCall.of(ms) if f != "fp32-torch" else None
+             for f in formats for where, ms in (("memory", linears[f]), ("cache", cached[f]))}
+    wide = {r: torch.randn(r, max(widths)) for r in rows}
+    out_buf = {r: torch.empty(r, max(m.out_features for ls in linears.values() for m in ls)) for r in rows}
     best = {(f, r, where): float("inf") for f in formats for r in rows for where in ("memory", "cache")}
     for _ in range(repeats + 1):  # the first round warms up (and builds the loops)
         for f in formats:
             for r in rows:
                 for where, ms in (("memory", linears[f]), ("cache", cached[f])):
+                    call = calls[f, where]
                     with held():  # as a model's forward does: the loop settings read once for the pass
                         t = time.perf_counter()
-                        for m in ms:
-                            m(xs[r][m.in_features])
+                        if call is not None:
+                            call(wide[r], out_buf[r])
+                        else:
+                            for m in ms:
+                                m(xs[r][m.in_features])
                         best[f, r, where] = min(best[f, r, where], time.perf_counter() - t)
     out = {}
     for f in formats:
@@ -99,6 +113,8 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
                                      "floor": round(best[f, 5, "cache"] / one, 3)}
     if "fp32" in formats and "fp32-torch" in formats:
         out["fp32"]["vs_torch"] = {str(r): round(best["fp32-torch", r, "memory"] / best["fp32", r, "memory"], 3) for r in rows}
+    for f in formats:
+        out[f]["timed"] = "C loops, one call a pass" if calls[f, "memory"] is not None else "module calls"
     return {"model": model_name, "threads": torch.get_num_threads(), "repeats": repeats,
             "timing": "one pass over every layer projection, best of repeats, formats and row counts interleaved",
             "formats": out}
@@ -111,7 +127,8 @@ def table(res: dict) -> str:
     for f, r in res["formats"].items():
         goal = r.get("goal_5_rows")
         lines.append(f"{f:<11} {r['one_row_ms']:>9.1f} " + " ".join(f"{r['vs_one_row'][n]:>7.2f}x" for n in rows[1:])
-                     + ("" if goal is None else f"  {'met' if goal['met'] else 'MISSED'} ({goal['target']})"))
+                     + ("" if goal is None else f"  {'met' if goal['met'] else 'MISSED'} ({goal['target']})")
+                     + ("" if r["timed"].startswith("C") else f"  [{r['timed']}]"))
     lines.append("in cache (layer 0's projections as many times: the arithmetic alone; floor = 5 rows in cache "
                  "over 1 row from memory)")
     lines.append(f"{'format':<11} {'1 row ms':>9} " + " ".join(f"{r + ' rows':>8}" for r in rows[1:]) + "  floor")

@@ -93,6 +93,15 @@ static int run_parts(const Linear *parts, int n, const float *x, int M, int K, f
     return 0;
 }
 
+/* Each linear of ls in turn over x [M, K[i]], into y: the layers' products alone, with nothing
+   between the calls, as a decode step runs them (what `inferlab bench rows` times). 0, or 1 where a
+   loop could not allocate its buffers. */
+int inferlab_run_linears(const Linear *ls, const int *K, int n, const float *x, int M, float *y, int nthreads) {
+    for (int i = 0; i < n; i++)
+        if (run_linear(&ls[i], x, M, K[i], y, nthreads)) return 1;
+    return 0;
+}
+
 /* x [M, hidden] is updated in place by every layer in turn; 0, or 1 where a loop could not
    allocate its buffers (x is then partly updated: the caller raises). */
 int inferlab_decode_layers(float *x, const Layer *layers, int n_layers, const Step *s) {

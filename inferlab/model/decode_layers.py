@@ -55,7 +55,39 @@ class _Step(ctypes.Structure):
 
 
 def _library():
-    return native.library(SOURCE, (("inferlab_decode_layers", (_p, _p, _i, _p)),), DEPENDS)
+    return native.library(SOURCE, (("inferlab_decode_layers", (_p, _p, _i, _p)),
+                                   ("inferlab_run_linears", (_p, _p, _i, _p, _i, _p, _i))), DEPENDS)
+
+
+class LinearsCall:
+    """``modules`` (each with a C loop here, :func:`c_loop`) run one after the other over the first
+    columns of x [M, widest input], in one C call: the products of a decode step without the
+    Python of a module call between them. ``LinearsCall.of(modules)`` is None where a module has no
+    loop here or the library does not build."""
+
+    def __init__(self, lib, entries, widths, keep):
+        self.lib, self.entries, self.widths, self._keep = lib, entries, widths, keep
+        self.n_out = max(e.n_out for e in entries)
+
+    @classmethod
+    def of(cls, modules) -> "LinearsCall | None":
+        lib, found = _library(), [c_loop(m) for m in modules]
+        if lib is None or not modules or any(f is None for f in found):
+            return None
+        entries, keep = (_Linear * len(modules))(), []
+        for e, m, (sig, fn, tensors, n_out, extra) in zip(entries, modules, found):
+            e.sig, e.fn, e.n_out, e.extra = sig, fn, n_out, extra
+            for j, t in enumerate(tensors):
+                e.p[j] = t.data_ptr()
+            e.bias = None if m.bias is None else m.bias.data_ptr()
+            keep += [*tensors, m.bias]
+        return cls(lib, entries, (ctypes.c_int * len(modules))(*[m.in_features for m in modules]), keep)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """x [M, >= every input width] float32, y [M, >= every output width]: both contiguous."""
+        if self.lib.inferlab_run_linears(self.entries, self.widths, len(self.entries), x.data_ptr(), x.shape[0],
+                                         y.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("inferlab: a linear's loop could not allocate its buffers")
 
 
 def _address(fn) -> int:

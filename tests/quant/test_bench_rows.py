@@ -1,31 +1,60 @@
 """``inferlab bench rows``: the cost of more rows per format, from memory and from the cache."""
 from __future__ import annotations
 
+import torch
+
 from inferlab.bench import rows as bench_rows
+from inferlab.model.decode_layers import LinearsCall
 
 
 def test_rows_table_times_memory_and_cache_passes(monkeypatch):
-    """Every format and row count gets a ratio to one row, from memory and in cache; the in-cache pass
-    calls only layer 0's projections, as many times as the whole model has projections."""
-    calls = []
-    real = bench_rows.layer_linears
+    """Every format and row count gets a ratio to one row, from memory and in cache; a format with
+    loops runs them in one C call per pass, the in-cache pass over layer 0's projections only, as many
+    times as the whole model has projections; F.linear runs its modules."""
+    passes = []
+    real_of = LinearsCall.of
 
-    def counted(model_name, fmt):
-        layers = real(model_name, fmt)
-        for i, layer in enumerate(layers):
-            for m in layer:
-                m.register_forward_pre_hook(lambda mod, args, i=i: calls.append(i))
-        return layers
+    def recorded(modules):
+        passes.append(list(modules))
+        return real_of(modules)
 
-    monkeypatch.setattr(bench_rows, "layer_linears", counted)
+    monkeypatch.setattr(LinearsCall, "of", staticmethod(recorded))
+    layers = bench_rows.layer_linears("target", "fp32")
     res = bench_rows.run("target", formats=("fp32", "fp32-torch", "q8_0"), rows=(1, 5), repeats=1)
     for f in ("fp32", "q8_0"):
         r = res["formats"][f]
         assert set(r["vs_one_row"]) == set(r["in_cache"]["vs_one_row"]) == {"1", "5"}
         assert r["vs_one_row"]["1"] == r["in_cache"]["vs_one_row"]["1"] == 1.0
         assert r["goal_5_rows"]["floor"] > 0 and r["in_cache"]["one_row_ms"] > 0
+        assert r["timed"] == "C loops, one call a pass"
+    assert res["formats"]["fp32-torch"]["timed"] == "module calls"
     n = res["formats"]["fp32"]["linears"]
-    # 3 formats x 2 row counts x 2 rounds, a memory pass (every layer) and a cache pass (layer 0 only) each
-    assert len(calls) == 3 * 2 * 2 * 2 * n and calls.count(0) > len(calls) // 2
+    assert n == sum(len(layer) for layer in layers)
+    # fp32 and q8_0, a memory pass (every layer) and a cache pass (layer 0's projections, n of them)
+    assert len(passes) == 4 and all(len(p) == n for p in passes)
+    assert [len({id(m) for m in p}) for p in passes] == [n, len(layers[0]), n, len(layers[0])]
     assert set(res["formats"]["fp32"]["vs_torch"]) == {"1", "5"}
     assert "floor" in bench_rows.table(res)
+
+
+def test_one_c_call_runs_the_modules_products():
+    """LinearsCall runs each module's own loop over the first M x K values of x, one after the other:
+    y ends as the last module's product (a wrong pointer, width or signature shows here)."""
+    torch.manual_seed(0)
+    for fmt in ("fp32", "q8_0", "int8"):
+        (layer, *_) = bench_rows.layer_linears("target", fmt)
+        call = LinearsCall.of(layer)
+        assert call is not None, fmt
+        x, y = torch.randn(3, max(m.in_features for m in layer)), torch.zeros(3, 4096)
+        for m in layer:  # each module alone: the call's y ends as its product
+            one = LinearsCall.of([m])
+            one(x, y)
+            k, n = m.in_features, m.out_features
+            with torch.inference_mode():
+                want = m(x.flatten()[:3 * k].view(3, k))
+            torch.testing.assert_close(y.flatten()[:3 * n].view(3, n), want, rtol=1e-5, atol=1e-5)
+        call(x, y)
+        last = layer[-1]
+        with torch.inference_mode():
+            want = last(x.flatten()[:3 * last.in_features].view(3, last.in_features))
+        torch.testing.assert_close(y.flatten()[:3 * last.out_features].view(3, -1), want, rtol=1e-5, atol=1e-5)
