@@ -34,6 +34,7 @@ steps are shared and the per-sequence formula overstates the saving.) The engine
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -243,7 +244,9 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     for b in batch_sizes:
         prompts = every if given else every[:b]
         seqs = b if given else None
-        _engine_run(model, tok, prompts[:min(b, 4)], params, None, seqs)  # warm-up: the loops, plans and caches
+        # warm-up: the loops, plans and caches (a few prompts, a few tokens each)
+        _engine_run(model, tok, prompts[:min(b, 4)], dataclasses.replace(params, max_tokens=min(params.max_tokens, 4)),
+                    None, seqs)
         plain_s, plain_out, plain_c, plain_prof = float("inf"), None, None, None
         best = {}
         for _ in range(repeats):

@@ -39,12 +39,21 @@ class SeqInput:
     block_table: list[int]
 
 
+#: Inductor's generated CPU code for the decode step at 256-bit vectors. With its AVX-512 code
+#: (torch 2.13's default where the CPU has AVX-512), the compiled step corrupted the heap on an
+#: Intel Xeon with AVX-512 FP16 and AMX ("malloc(): unaligned tcache chunk detected", an abort at a
+#: later allocation), and ran cleanly at 256 bits; the products are the project's own loops either
+#: way, so only the norms, RoPE and attention glue run on narrower vectors.
+CPU_COMPILE_OPTIONS = {"cpp.simdlen": 256}
+
+
 class ModelRunner:
     def __init__(self, model, kv_cache: PagedKVCache, compile_decode: bool = False):
         self.model, self.kv_cache = model, kv_cache
         self.block_size = kv_cache.block_size
         self.device = model.device
-        self.compiled = torch.compile(model.forward, dynamic=True) if compile_decode else None
+        self.compiled = torch.compile(model.forward, dynamic=True, options=CPU_COMPILE_OPTIONS
+                                      if model.device.type == "cpu" else None) if compile_decode else None
         self.compiled_batch_sizes: set[int] = set()  # the decode batch sizes run compiled so far
 
     def prepare(self, seqs: list[SeqInput]):
