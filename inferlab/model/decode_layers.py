@@ -67,7 +67,6 @@ class LinearsCall:
 
     def __init__(self, lib, entries, widths, keep):
         self.lib, self.entries, self.widths, self._keep = lib, entries, widths, keep
-        self.n_out = max(e.n_out for e in entries)
 
     @classmethod
     def of(cls, modules) -> "LinearsCall | None":
@@ -75,12 +74,8 @@ class LinearsCall:
         if lib is None or not modules or any(f is None for f in found):
             return None
         entries, keep = (_Linear * len(modules))(), []
-        for e, m, (sig, fn, tensors, n_out, extra) in zip(entries, modules, found):
-            e.sig, e.fn, e.n_out, e.extra = sig, fn, n_out, extra
-            for j, t in enumerate(tensors):
-                e.p[j] = t.data_ptr()
-            e.bias = None if m.bias is None else m.bias.data_ptr()
-            keep += [*tensors, m.bias]
+        for e, m, f in zip(entries, modules, found):
+            keep += [*_fill(e, m, f), m.bias]
         return cls(lib, entries, (ctypes.c_int * len(modules))(*[m.in_features for m in modules]), keep)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -88,6 +83,16 @@ class LinearsCall:
         if self.lib.inferlab_run_linears(self.entries, self.widths, len(self.entries), x.data_ptr(), x.shape[0],
                                          y.data_ptr(), torch.get_num_threads()):
             raise MemoryError("inferlab: a linear's loop could not allocate its buffers")
+
+
+def _fill(entry: _Linear, module: nn.Module, found: tuple) -> tuple:
+    """Point ``entry`` at ``module``'s loop (``found``: :func:`c_loop`'s answer) and its bias;
+    returns the tensors the loop reads, which must outlive the entry."""
+    entry.sig, entry.fn, tensors, entry.n_out, entry.extra = found
+    for j, t in enumerate(tensors):
+        entry.p[j] = t.data_ptr()
+    entry.bias = None if module.bias is None else module.bias.data_ptr()
+    return tensors
 
 
 def _address(fn) -> int:
@@ -214,15 +219,12 @@ class _Plan:
         if found is None:
             self.ok = False
             return
-        entry.sig, entry.fn, tensors, entry.n_out, entry.extra = found
-        for j, t in enumerate(tensors):
-            entry.p[j] = t.data_ptr()
+        tensors = _fill(entry, module, found)
         self._tensors(module)
         if tensors[0] is not getattr(module, "qweight", tensors[0]):
             # the loop reads a copy (tiles) of the module's buffers: a change made to one in place must rebuild it
             self.versions += [(t, version(t)) for t in module.buffers(recurse=False)]
         bias = module.bias
-        entry.bias = None if bias is None else bias.data_ptr()
         if bias is not None and (bias.dtype is not torch.float32 or not bias.is_contiguous()):
             self.ok = False
 
