@@ -1,6 +1,6 @@
 /* What the decode loops of vnni.c (AVX-512 VNNI), avx2.c (AVX2) and neon.c (ARM) share: they
    multiply integer codes, so the few activation rows of a decode step are quantized first, by one
-   quantizer; they take the rows in chunks of up to 4 (ROW_CHUNKS); and they read Q4_K's packed
+   quantizer; they take the rows in chunks of up to 4 (ROW_CHUNKS; 6 in the AVX-512 tiles); and they read Q4_K's packed
    sub-block scales the same way (q4_k_scale_min); the Q4_0/Q4_1 loops also share their per-block
    activation constants (block_constants). */
 #ifndef INFERLAB_LOOPS_H
@@ -116,6 +116,15 @@ static void free_activations(void *codes, float *xs, int32_t *xsum) {
         int m0 = 0; \
         for (; m0 + 4 <= (M); m0 += 4) CALL(4); \
         switch ((M) - m0) { case 3: CALL(3); break; case 2: CALL(2); break; case 1: CALL(1); break; } \
+    } while (0)
+/* The same in chunks of up to 6, for the AVX-512 tile loops: 32 registers hold 6 rows' sums beside a
+   block's codes, so a speculative verify of k + 1 = 5 rows (or a batch of 5 or 6) is one pass over
+   the weights, not a pass of 4 and another of 1 that unpacks every block again. */
+#define ROW_CHUNKS6(M, CALL) do { \
+        int m0 = 0; \
+        for (; m0 + 6 <= (M); m0 += 6) CALL(6); \
+        switch ((M) - m0) { case 5: CALL(5); break; case 4: CALL(4); break; case 3: CALL(3); break; \
+                            case 2: CALL(2); break; case 1: CALL(1); break; } \
     } while (0)
 #define INLINE static inline __attribute__((always_inline))
 

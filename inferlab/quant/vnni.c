@@ -99,13 +99,13 @@ VNNI int inferlab_int8_gemv(const float *x, int M, int K, const int8_t *qweight,
    scales of the tile multiply its 16 sums at the end. inferlab/quant/int8.py builds the tiles. */
 VNNI INLINE void int8_tile_rows(const int16_t *xq, const float *xs, int K, int B, const int8_t *tile,
                                 const uint16_t *scales, float *y, int N, int t, int m0, const int MR) {
-    __m512 acc[4];
+    __m512 acc[6];
     for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < B; b++) {
         const int8_t *p = tile + (size_t)b * 512;
         if (m0 == 0)
             for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(p + 4 * 512 + 64 * i), _MM_HINT_T0);
-        __m512i dot0[4], dot1[4];
+        __m512i dot0[6], dot1[6];
         for (int j = 0; j < MR; j++) { dot0[j] = _mm512_setzero_si512(); dot1[j] = _mm512_setzero_si512(); }
         for (int i = 0; i < 16; i += 2) {
             const __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 32 * i)));
@@ -134,7 +134,7 @@ VNNI int inferlab_int8_tiles_gemv(const float *x, int M, int K, const int8_t *ti
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
 #define INT8_TILE_ROWS(R) int8_tile_rows(xq, xs, K, B, tiles + (size_t)t * 16 * K, scales, y, N, t, m0, R)
-        ROW_CHUNKS(M, INT8_TILE_ROWS);
+        ROW_CHUNKS6(M, INT8_TILE_ROWS);
     }
     free_activations(xq, xs, NULL);
     return 0;
@@ -219,11 +219,11 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
                                 const int MR) {
     const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[4], zacc[4];
+    __m512 acc[6], zacc[6];
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); zacc[j] = _mm512_setzero_ps(); }
     for (int g = 0; g < G; g++) {
         const uint8_t *p = tile + (size_t)g * group_bytes;
-        __m512i dl[4], dh[4];
+        __m512i dl[6], dh[6];
         for (int j = 0; j < MR; j++) { dl[j] = _mm512_setzero_si512(); dh[j] = _mm512_setzero_si512(); }
         for (int blk = 0; blk < blocks; blk++) {
             const uint8_t *c = p + blk * 256;
@@ -268,7 +268,7 @@ VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
 #define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R)
-        ROW_CHUNKS(M, INT4_TILE_ROWS);
+        ROW_CHUNKS6(M, INT4_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
     return 0;
@@ -403,7 +403,7 @@ VNNI INLINE void nibble_tile_rows(const uint8_t *xq, const float *act, int K, in
                                   float *y, int N, int t, int m0, const int MR, const int has_min) {
     const int tile_bytes = has_min ? 320 : 288;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[4], cacc[4];
+    __m512 acc[6], cacc[6];
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); cacc[j] = _mm512_setzero_ps(); }
     for (int b = 0; b < B; b++) {
         const uint8_t *p = tile + (size_t)b * tile_bytes;
@@ -452,9 +452,9 @@ VNNI static inline __attribute__((always_inline)) int nibble_gemv(
     if (!act) { free_activations(xq, xs, xsum); return -1; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int u = 0; u < (tiled ? N / 16 : N); u++) {  /* u: an output, or a tile of 16 (16 rows' bytes) */
-#define NIBBLE_ROWS(R) (tiled ? nibble_tile_rows(xq, act, K, B, w + (size_t)u * 16 * row_bytes, y, N, u, m0, R, has_min) \
-                              : nibble_rows(xq, act, K, B, w + (size_t)u * row_bytes, row_bytes, y, N, u, m0, R, has_min))
-        ROW_CHUNKS(M, NIBBLE_ROWS);
+#define NIBBLE_TILE_ROWS(R) nibble_tile_rows(xq, act, K, B, w + (size_t)u * 16 * row_bytes, y, N, u, m0, R, has_min)
+#define NIBBLE_ROWS(R) nibble_rows(xq, act, K, B, w + (size_t)u * row_bytes, row_bytes, y, N, u, m0, R, has_min)
+        if (tiled) ROW_CHUNKS6(M, NIBBLE_TILE_ROWS); else ROW_CHUNKS(M, NIBBLE_ROWS);
     }
     free(act);
     free_activations(xq, xs, xsum);
@@ -484,7 +484,7 @@ VNNI int inferlab_q4_1_tiles_gemv(const float *x, int M, int K, const uint8_t *t
 VNNI INLINE void q8_0_tile_rows(const uint8_t *xu, const float *xs, int K, int B, const uint8_t *tile,
                                 float *y, int N, int t, int m0, const int MR) {
     const __m512i ones = _mm512_set1_epi8(1);
-    __m512 acc[4];
+    __m512 acc[6];
     for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < B; b++) {
         const uint8_t *p = tile + (size_t)b * 544;
@@ -521,7 +521,7 @@ VNNI int inferlab_q8_0_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
 #define Q8_0_TILE_ROWS(R) q8_0_tile_rows(xu, xs, K, B, tiles + (size_t)t * B * 544, y, N, t, m0, R)
-        ROW_CHUNKS(M, Q8_0_TILE_ROWS);
+        ROW_CHUNKS6(M, Q8_0_TILE_ROWS);
     }
     free_activations(xu, xs, NULL);
     return 0;

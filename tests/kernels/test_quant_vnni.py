@@ -118,7 +118,7 @@ def test_llama_cpp_blocks_match_their_arithmetic_and_the_reference(loops, ggml_t
 
 
 @pytest.mark.parametrize("ggml_type", vnni.TILED_TYPES)
-@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+@pytest.mark.parametrize("rows", [1, 2, 5, 10, 17])  # the AVX-512 tiles: 6 rows a pass, 10 = 6 + 4
 def test_tiles_of_16_outputs_are_the_blocks_arithmetic(loops, ggml_type, rows):
     """The loops over tiles of 16 outputs (48 outputs: three tiles) compute what the plain loops do:
     the same rounded activations against the dequantized blocks, in another order."""
