@@ -27,6 +27,7 @@ from inferlab.model.context import fit_max_tokens
 from inferlab.engine.block_manager import BlockManager
 from inferlab.engine.config import EngineConfig
 from inferlab.engine import cpu_share
+from inferlab import loop_settings
 from inferlab.engine.model_runner import ModelRunner, SeqInput, query_start_loc
 from inferlab.engine.request import EngineSequence, Request, RequestMetrics
 from inferlab.engine.scheduler import Scheduler
@@ -143,6 +144,10 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        with loop_settings.held():  # the loop settings, read once a step: a proposer's passes ask at every linear too
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         if self.on_cpu:
             cpu_share.adjust()
         if self.proposer is not None:

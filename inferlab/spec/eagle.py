@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -40,7 +41,8 @@ from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
 from inferlab.model.config import ModelConfig
 from inferlab.model.linear import default_linear, replace_linears
-from inferlab.model.llama import DecoderLayer, RMSNorm
+from inferlab.model import decode_layers
+from inferlab.model.llama import STOCK, DecoderLayer, RMSNorm
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
 from inferlab.spec.medusa import beside_target, capture_output
 
@@ -81,11 +83,33 @@ class EagleDraft(nn.Module):
                                                 self.config.sliding_window, embeds.device)
         x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], -1))
         cos, sin = rope_cos_sin(self.inv_freq, metadata.positions, x.dtype)
+        if decode_layers.run(_as_stack(self), x, cos, sin, metadata, STOCK):  # drafting rows: the layer in one C call
+            return x
         return self.layer(x, cos, sin, metadata)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Guessed features [..., H] -> logits over the draft vocabulary [..., draft_vocab_size]."""
         return self.lm_head(self.norm(features)).float()
+
+
+class _Stack:
+    """The draft's layer as ``inferlab.model.decode_layers`` reads a model: ``config`` and
+    ``model.layers``. Kept beside the draft (``_STACKS``), not in it, so its modules are not counted twice."""
+
+    def __init__(self, draft: EagleDraft):
+        self.config = draft.config
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList([draft.layer])
+
+
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _as_stack(draft: EagleDraft) -> _Stack:
+    stack = _STACKS.get(draft)
+    if stack is None or stack.model.layers[0] is not draft.layer:
+        _STACKS[draft] = stack = _Stack(draft)
+    return stack
 
 
 def quantize_like_target(draft: EagleDraft, target) -> EagleDraft:

@@ -177,3 +177,21 @@ def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, met
     for i, a in enumerate(alone):
         assert bits(batched[i]) == bits(a), ("batched", i)
         assert bits(spec[i]) == bits(a), ("speculating", i)
+
+
+def test_the_eagle_drafts_layer_is_the_modules_bits(target, eagle_config, compared, monkeypatch):
+    """EAGLE's drafting passes (its one layer over the guessed rows) take the same C call as the
+    target's layers, with the bits the module gives."""
+    inner, callers = decode_layers.run, []
+
+    def spy(model, *args):
+        callers.append(type(model).__name__)
+        return inner(model, *args)
+    monkeypatch.setattr(decode_layers, "run", spy)
+    engine = make_engine(target, max_num_seqs=2, speculative_config=eagle_config)
+    for i in range(2):
+        engine.add_request(str(i), PROMPTS[i], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    run_all(engine)
+    drafted = [c for who, c in zip(callers, compared) if who == "_Stack" and c[1] is not None]
+    assert len(drafted) > 5 and any(c[0] > 1 for c in drafted)  # single rows and several at once
+    assert all(c[1] == 0.0 for c in drafted), drafted
