@@ -591,38 +591,39 @@ VNNI INLINE void q4_k_tile_rows(const uint8_t *xq, const float *xs, const int32_
                                 const uint8_t *tile, float *y, int N, int t, int m0, const int MR) {
     const int B = K / 32;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[4], macc[4];
+    __m512 acc[6], macc[6];
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); macc[j] = _mm512_setzero_ps(); }
     for (int s = 0; s < S; s++) {
         const uint8_t *p = tile + (size_t)s * Q4_K_TILE_BYTES, *nums = p + 2048;
         if (m0 == 0)
             for (int i = 0; i < Q4_K_TILE_BYTES; i += 64) _mm_prefetch((const char *)(p + Q4_K_TILE_BYTES + i), _MM_HINT_T0);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)nums));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(nums + 32)));
         for (int i = 0; i < 4; i++) {  /* columns 64i..64i + 63: sub-blocks 2i (low nibbles) and 2i + 1 (high) */
             const uint8_t *c = p + 512 * i;
-            __m512i lo[8], hi[8];
+            /* one register of codes at a time, met by every row: the rows' sums, not the chunk's 16
+               registers of codes, stay in registers, so 6 rows fit */
+            __m512i dl[6], dh[6];
+            for (int j = 0; j < MR; j++) { dl[j] = _mm512_setzero_si512(); dh[j] = _mm512_setzero_si512(); }
             for (int r = 0; r < 8; r++) {
                 const __m512i v = _mm512_loadu_si512(c + 64 * r);
-                lo[r] = _mm512_and_si512(v, low);
-                hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
-#define SUB_BYTES(at, j) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nums + (at) + 16 * (j)))))
-            const __m512 sl = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i)), sh = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i + 1));
-            const __m512 ml = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i)), mh = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i + 1));
-            for (int j = 0; j < MR; j++) {
-                const uint8_t *xb = xq + (size_t)(m0 + j) * K + s * 256 + 64 * i;
-                __m512i dl = _mm512_setzero_si512(), dh = _mm512_setzero_si512();
-                for (int r = 0; r < 8; r++) {
+                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                for (int j = 0; j < MR; j++) {
+                    const uint8_t *xb = xq + (size_t)(m0 + j) * K + s * 256 + 64 * i;
                     int32_t x_lo, x_hi;
                     memcpy(&x_lo, xb + 4 * r, 4);
                     memcpy(&x_hi, xb + 32 + 4 * r, 4);
-                    dl = _mm512_dpbusd_epi32(dl, lo[r], _mm512_set1_epi32(x_lo));
-                    dh = _mm512_dpbusd_epi32(dh, hi[r], _mm512_set1_epi32(x_hi));
+                    dl[j] = _mm512_dpbusd_epi32(dl[j], lo, _mm512_set1_epi32(x_lo));
+                    dh[j] = _mm512_dpbusd_epi32(dh[j], hi, _mm512_set1_epi32(x_hi));
                 }
+            }
+#define SUB_BYTES(at, j) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(nums + (at) + 16 * (j)))))
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)nums));
+            const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(nums + 32)));
+            const __m512 sl = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i)), sh = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i + 1));
+            const __m512 ml = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i)), mh = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i + 1));
+            for (int j = 0; j < MR; j++) {
                 const size_t g = (size_t)(m0 + j) * B + s * 8 + 2 * i;  /* sub-block 2i's activation group */
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl), _mm512_mul_ps(sl, _mm512_set1_ps(xs[g])), acc[j]);
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh), _mm512_mul_ps(sh, _mm512_set1_ps(xs[g + 1])), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(sl, _mm512_set1_ps(xs[g])), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh[j]), _mm512_mul_ps(sh, _mm512_set1_ps(xs[g + 1])), acc[j]);
                 macc[j] = _mm512_fmadd_ps(ml, _mm512_set1_ps(xs[g] * (float)xsum[g]), macc[j]);
                 macc[j] = _mm512_fmadd_ps(mh, _mm512_set1_ps(xs[g + 1] * (float)xsum[g + 1]), macc[j]);
             }
@@ -639,7 +640,7 @@ VNNI int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < N / 16; t++) {
 #define Q4_K_TILE_ROWS(R) q4_k_tile_rows(xq, xs, xsum, K, S, tiles + (size_t)t * S * Q4_K_TILE_BYTES, y, N, t, m0, R)
-        ROW_CHUNKS(M, Q4_K_TILE_ROWS);
+        ROW_CHUNKS6(M, Q4_K_TILE_ROWS);
     }
     free_activations(xq, xs, xsum);
     return 0;
