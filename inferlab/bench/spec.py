@@ -237,7 +237,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     params = params or SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)
     dmodel = draft_model(draft, model) if "draft" in methods else None
-    heads = load_heads(medusa[0], model.config.hidden_size) if "medusa" in methods else None
+    heads = quantize_like_target(load_heads(medusa[0], model.config.hidden_size), model) if "medusa" in methods else None
     edraft = quantize_like_target(load_eagle(eagle, model.config, model.device, model.dtype), model) \
         if "eagle" in methods else None
     rows = []

@@ -18,6 +18,7 @@ import torch
 
 from inferlab.engine.proposer import Proposer
 from inferlab.errors import InferlabError
+from inferlab.spec.eagle import quantize_like_target
 from inferlab.spec.medusa import load_heads
 
 
@@ -26,7 +27,9 @@ class MedusaProposer(Proposer):
 
     def __init__(self, target, heads_folder, num_speculative_tokens: int):
         self.target = target
-        self.heads = load_heads(heads_folder, target.config.hidden_size, target.device, target.dtype)
+        # blocks in Q8_0 when the target's linears are quantized: the heads' bytes set c
+        self.heads = quantize_like_target(load_heads(heads_folder, target.config.hidden_size, target.device,
+                                                     target.dtype), target)
         if num_speculative_tokens > self.heads.num_heads:
             raise InferlabError(f"num_speculative_tokens={num_speculative_tokens} but the Medusa heads in "
                                 f"{heads_folder} are {self.heads.num_heads}: each head guesses one position, "

@@ -112,11 +112,12 @@ def _as_stack(draft: EagleDraft) -> _Stack:
     return stack
 
 
-def quantize_like_target(draft: EagleDraft, target) -> EagleDraft:
+def quantize_like_target(draft: nn.Module, target) -> nn.Module:
     """A target run from quantized weights (smollm2 as stored: Q4_1 layers, a Q8_0 head) reads
     about 97 MB a token, so an fp32 draft of 26 MB would cost c ~ 0.27; its linears in Q8_0
     (``inferlab.quant.ggml``, the same decode loops) read a quarter of that. An fp32 target keeps
-    an fp32 draft. In place; returns ``draft``."""
+    an fp32 draft. Any proposer's module (EAGLE's layer, a cut draft, Medusa's blocks). In place;
+    returns ``draft``."""
     from inferlab.quant.base import QuantLinear
     from inferlab.quant.ggml import GGMLLinear
 

@@ -307,3 +307,26 @@ def test_guess_vocab_restricts_guesses_and_survives_a_save(tmp_path):
     assert set(got.flatten().tolist()) <= set(vocab.tolist())
     loaded = load_heads(save_heads(heads, tmp_path / "h", "toy"), 8)
     assert torch.equal(loaded.guess_vocab, vocab) and torch.equal(loaded.propose(h, head, 2), got)
+
+
+def test_guess_rows_of_a_quantized_head_stay_quantized():
+    """Under a Q8_0 head (smollm2 as stored) the guess vocabulary's rows are read in Q8_0 too, and
+    each head still guesses the best of them (up to the loops' activation rounding)."""
+    from torch import nn
+
+    from inferlab.quant.ggml import GGMLLinear
+    from inferlab.spec.medusa import MedusaHeads
+
+    torch.manual_seed(0)
+    heads, head = MedusaHeads(64, 3), GGMLLinear.from_float(nn.Linear(64, 80, bias=False), "q8_0")
+    for b in heads.blocks:
+        nn.init.normal_(b.linear.weight, std=0.2)
+    heads.guess_vocab = torch.tensor([2, 9, 17, 33, 40, 41, 56, 79])
+    h = torch.randn(4, 64)
+    got = heads.propose(h, head, 3)  # [4, 3]
+    assert isinstance(heads._rows[1], GGMLLinear)
+    rows = head.dequantize()[heads.guess_vocab]
+    for i, block in enumerate(heads.blocks):
+        logits = block(h) @ rows.T  # [4, 8]
+        picked = logits.gather(1, (got[:, i:i + 1] == heads.guess_vocab).int().argmax(1, keepdim=True))[:, 0]
+        assert torch.all(logits.max(1).values - picked < 0.05 * logits.abs().max()), (i, got[:, i])
