@@ -118,12 +118,17 @@ def quantize_like_target(draft: nn.Module, target) -> nn.Module:
     (``inferlab.quant.ggml``, the same decode loops) read a quarter of that. An fp32 target keeps
     an fp32 draft. Any proposer's module (EAGLE's layer, a cut draft, Medusa's blocks). In place;
     returns ``draft``."""
-    from inferlab.quant.base import QuantLinear
     from inferlab.quant.ggml import GGMLLinear
 
-    if any(isinstance(m, QuantLinear) for m in target.modules()):
+    if is_quantized(target):
         replace_linears(draft, lambda name, lin: GGMLLinear.from_float(lin, "q8_0"), skip=lambda name: False)
     return draft
+
+
+def is_quantized(target) -> bool:
+    """Does ``target`` read any of its linears from quantized weights?"""
+    from inferlab.quant.base import QuantLinear
+    return any(isinstance(m, QuantLinear) for m in target.modules())
 
 
 def last_layer_features(target):

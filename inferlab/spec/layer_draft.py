@@ -49,7 +49,18 @@ class SubsetHead(nn.Module):
         self.register_buffer("guess_vocab", guess_vocab.long())
         self.register_buffer("rows", embedding.detach()[guess_vocab].clone(), persistent=False)
 
+        self.quantized = None  # the rows in Q8_0, where ``quantize`` made them (inference only)
+
+    def quantize(self) -> None:
+        """Read the rows in Q8_0 from now on (a quarter of fp32's bytes), as a quantized target reads its head."""
+        from inferlab.quant.ggml import GGMLLinear
+        rows = nn.Linear(self.rows.shape[1], self.rows.shape[0], bias=False, device=self.rows.device)
+        rows.weight = nn.Parameter(self.rows.float(), requires_grad=False)
+        self.quantized = GGMLLinear.from_float(rows, "q8_0")
+
     def sub_logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None and not torch.is_grad_enabled():
+            return self.quantized(x.float()).to(x.dtype)
         return F.linear(x, self.rows.to(x.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,11 +158,13 @@ def attach(name: str | os.PathLike, target: CausalLM) -> CausalLM | None:
     Q8_0 under a quantized target, as an EAGLE draft's are; q/k/v and gate/up packed, as ``LLM``
     packs the target); None if ``name`` is no layer draft."""
     from inferlab.model.packing import pack_projections
-    from inferlab.spec.eagle import quantize_like_target
+    from inferlab.spec.eagle import is_quantized, quantize_like_target
 
     folder = folder_of(name)
     if folder is None:
         return None
     draft = quantize_like_target(load(folder, target), target)
+    if is_quantized(target):  # the head's rows too
+        draft.lm_head.quantize()
     pack_projections(draft)
     return draft

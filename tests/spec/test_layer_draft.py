@@ -97,6 +97,27 @@ def test_through_the_engine_greedy_outputs_are_plain_decoding(toy, tmp_path):
     assert out == plain and c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
 
 
+def test_under_a_quantized_target_the_draft_reads_q8_0_and_keeps_greedy_outputs(toy, tmp_path):
+    """A target run from Q8_0 weights gets a draft whose layers and head rows are Q8_0 too (its
+    bytes set c), and greedy outputs stay plain decoding's on that target."""
+    import copy
+
+    from inferlab.quant import GGMLLinear, quantize_model
+
+    model, tok = toy
+    q = copy.deepcopy(model)
+    quantize_model(q, "q8_0", progress=False)
+    prompts = ["def fib(n):\n", "import os\n\n\nclass Path:\n"]
+    plain, _ = _run(q, tok, None, prompts)
+    n = model.config.num_hidden_layers
+    whole = layer_draft.save(layer_draft.build(model, list(range(n)), torch.arange(0, model.config.vocab_size, 2)),
+                             tmp_path / "whole", "target", list(range(n)), dtype=torch.float32)
+    draft = layer_draft.attach(str(whole), q)
+    assert isinstance(draft.lm_head.quantized, GGMLLinear)
+    out, c = _run(q, tok, {"model": str(whole), "num_speculative_tokens": 3}, prompts)
+    assert out == plain and c["spec_decode_num_accepted_tokens"] > 0
+
+
 def test_distillation_raises_held_out_agreement(toy, tmp_path):
     """A one-layer cut of the toy target, distilled for 40 steps on the target's own greedy
     continuations, agrees with the target more often on continuations it did not train on."""
