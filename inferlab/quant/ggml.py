@@ -223,11 +223,16 @@ class GGMLLinear(QuantLinear):
 
     @classmethod
     def from_float(cls, linear, ggml_type: str) -> "GGMLLinear":
-        mod = cls(linear.in_features, linear.out_features, linear.bias is not None, ggml_type)
-        mod.qweight = QUANTIZE[ggml_type](linear.weight)
-        if linear.bias is not None:
-            mod.bias.data = linear.bias.detach().float().clone()
-        return mod.to(linear.weight.device)
+        return cls.from_weight(linear.weight, ggml_type, linear.bias)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, ggml_type: str, bias: torch.Tensor | None = None) -> "GGMLLinear":
+        """The linear of ``weight`` [out, in] (and ``bias``), its rows in ``ggml_type`` blocks."""
+        mod = cls(weight.shape[1], weight.shape[0], bias is not None, ggml_type)
+        mod.qweight = QUANTIZE[ggml_type](weight)
+        if bias is not None:
+            mod.bias.data = bias.detach().float().clone()
+        return mod.to(weight.device)
 
     def dequantize(self) -> torch.Tensor:
         return DEQUANTIZE[self.ggml_type](self.qweight).view(self.out_features, self.in_features)

@@ -48,15 +48,12 @@ class SubsetHead(nn.Module):
         self.vocab_size = embedding.shape[0]
         self.register_buffer("guess_vocab", guess_vocab.long())
         self.register_buffer("rows", embedding.detach()[guess_vocab].clone(), persistent=False)
-
         self.quantized = None  # the rows in Q8_0, where ``quantize`` made them (inference only)
 
     def quantize(self) -> None:
         """Read the rows in Q8_0 from now on (a quarter of fp32's bytes), as a quantized target reads its head."""
         from inferlab.quant.ggml import GGMLLinear
-        rows = nn.Linear(self.rows.shape[1], self.rows.shape[0], bias=False, device=self.rows.device)
-        rows.weight = nn.Parameter(self.rows.float(), requires_grad=False)
-        self.quantized = GGMLLinear.from_float(rows, "q8_0")
+        self.quantized = GGMLLinear.from_weight(self.rows.float(), "q8_0")
 
     def sub_logits(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None and not torch.is_grad_enabled():

@@ -78,16 +78,16 @@ class MedusaHeads(nn.Module):
         key = weight.data_ptr() if weight is not None else id(lm_head)
         if self._rows is None or self._rows[0] != key:  # gathered once per head weight
             full = weight if weight is not None else lm_head.dequantize()  # a quantized head (a GGUF's Q8_0)
-            rows = nn.Linear(self.hidden_size, len(self.guess_vocab), bias=False, device=hidden.device, dtype=hidden.dtype)
-            rows.weight = nn.Parameter(full[self.guess_vocab].to(hidden.dtype).contiguous(), requires_grad=False)
+            rows = full[self.guess_vocab].to(hidden.dtype).contiguous()
             if weight is None:  # the target reads its head in Q8_0: so do these rows (a quarter of fp32's bytes)
                 from inferlab.quant.ggml import GGMLLinear
-                rows = GGMLLinear.from_float(rows, "q8_0")
+                rows = GGMLLinear.from_weight(rows, "q8_0")
             self._rows = (key, rows)
-        n = hidden.shape[0]
+        n, rows = hidden.shape[0], self._rows[1]
         # every head's block first, then one product over the rows for all k of them: the rows are read once
         h = torch.cat([block(hidden) for block in self.blocks[:k]])  # [k n, H]
-        best = self._rows[1](h).argmax(-1).view(k, n).T  # [n, k]
+        logits = F.linear(h, rows) if isinstance(rows, torch.Tensor) else rows(h)
+        best = logits.argmax(-1).view(k, n).T  # [n, k]
         return self.guess_vocab[best]
 
 
