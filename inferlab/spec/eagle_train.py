@@ -1,12 +1,15 @@
 """``inferlab train eagle --target smollm2``: an EAGLE draft on the frozen target (Li et al. 2024).
 
-Three resumable stages, each writing to ``--run-dir`` (rerun the same command to go on):
+Four resumable stages, each writing to ``--run-dir`` (rerun the same command to go on):
 
+0. **prompts** (``prompts.json``): half are built offline from templates over the Python standard
+   library (its functions and docstrings), the capstone's customer-service questions and lists of
+   everyday topics; the other half the target writes itself, as Magpie does (Xu et al. 2024): given
+   only the chat template's opening of a user turn, an instruction-tuned model samples a request
+   of the kind it was tuned on. Those cover the open-ended chat the templates cannot.
 1. **answers** (``answers.jsonl``): the target answers training prompts, greedily, through the
    engine (EAGLE trains on the target's own outputs, so the draft learns the distribution it will
-   be checked against). The prompts are built offline from templates over the Python standard
-   library (its functions and docstrings), the capstone's customer-service questions and lists of
-   everyday topics; none of them is in ``inferlab/bench/spec_prompts.json``, the benchmark's
+   be checked against). No prompt is in ``inferlab/bench/spec_prompts.json``, the benchmark's
    held-out set, and 5% of them are held out here too.
 2. **features** (``features.safetensors``): one teacher-forced target forward over each
    prompt + answer gives f_t, its last decoder layer's output at every position.
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from inferlab.cli import add_quantization_argument
 from inferlab.errors import InferlabError
 from inferlab.spec.eagle import EagleDraft, drafting_cost, eagle_folder_for, last_layer_features, save_eagle
 
@@ -110,6 +114,69 @@ def training_prompts(n: int, seed: int) -> list[str]:
         if i > 50 * n:
             raise InferlabError(f"cannot build {n} distinct prompts from the corpus: ask for fewer")
     return out
+
+
+def magpie_prompts(llm, n: int, seed: int, max_tokens: int = 96, quiet: bool = False) -> list[str]:
+    """``n`` distinct user requests the target writes itself (Magpie, Xu et al. 2024): the prompt is
+    the chat template cut where a user's message would begin, sampled at temperature 1 until the
+    end of the turn. Unfinished requests, very short ones and the benchmark's held-out prompts are
+    dropped; each round seeds its requests, so a rerun writes the same list."""
+    from inferlab.model.chat import Chat
+    from inferlab.sampling import SamplingParams
+
+    from inferlab.bench.spec import PROMPT_SETS
+
+    chat = Chat(llm.tokenizer)
+    if chat.template.is_default:
+        raise InferlabError("the target has no chat template, so it cannot write requests itself: pass --magpie 0")
+    mark = "\u2063inferlab\u2063"
+    text, _ = chat.prompt([{"role": "user", "content": mark}])
+    opening = llm.tokenizer.encode(text[:text.index(mark)], add_special_tokens=chat.template.is_default)
+    sets = json.loads(PROMPT_SETS.read_text())
+    held = {" ".join(q.split()).lower() for q in sets["grounded"] + sets["free"]}
+    out, seen, rnd = [], set(), 0
+    bar = tqdm(total=n, desc="magpie prompts", unit="prompt", disable=quiet)
+    while len(out) < n:
+        params = [chat.sampling_params(SamplingParams(temperature=1.0, max_tokens=max_tokens,
+                                                      seed=seed * 1_000_003 + rnd * 64 + i)) for i in range(64)]
+        rnd += 1
+        for o in llm.generate(prompt_token_ids=[opening] * 64, sampling_params=params):
+            q = o.outputs[0].text.strip()
+            key = " ".join(q.split()).lower()
+            if o.outputs[0].finish_reason == "stop" and len(q) >= 20 and key not in seen and key not in held:
+                seen.add(key)
+                out.append(q)
+                bar.update(1)
+        if rnd > 10 + 4 * n // 64:
+            raise InferlabError(f"the target wrote too few usable requests ({len(out)} of {n}): ask for fewer prompts")
+    bar.close()
+    return out[:n]
+
+
+def prompt_stage(llm, run_dir: Path, n: int, seed: int, magpie: float, quiet: bool = False) -> list[str]:
+    """The training prompts, written once to prompts.json: ``magpie`` of them from the target
+    (:func:`magpie_prompts`), the rest from the templates, interleaved so the held-out 5% at the
+    end holds both kinds."""
+    path = run_dir / "prompts.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if len(stored) == n:
+            return stored
+        raise InferlabError(f"{path} holds {len(stored)} prompts, not {n}: pass --prompts {len(stored)}, "
+                            "or a new --run-dir")
+    m = round(n * magpie)
+    own = magpie_prompts(llm, m, seed, quiet=quiet) if m else []
+    built = training_prompts(n - m, seed)
+    prompts, i, j = [], 0, 0
+    while len(prompts) < n:  # interleave in proportion
+        if j < len(own) and (i >= len(built) or j * len(built) <= i * len(own)):
+            prompts.append(own[j])
+            j += 1
+        else:
+            prompts.append(built[i])
+            i += 1
+    path.write_text(json.dumps(prompts, indent=0))
+    return prompts
 
 
 # ---------------------------------------------------------------- stage 1: the target's answers
@@ -322,13 +389,14 @@ a draft vocabulary of the {s['draft_vocab_size']:,} tokens the target's answers 
 ({e['draft_vocab_coverage']:.1%} of held-out answer tokens lie in it). The target's embedding is
 shared, not stored: {s['parameters']:,} parameters ship, {s['stored_mb']:.1f} MB in fp16.
 
-Trained by `{s.get('command', 'inferlab train eagle')}` on the frozen target's own greedy
-answers to {s['train_prompts']:,} prompts built offline (standard-library code and docstrings,
-customer-service questions, everyday topics; none from the benchmark's held-out set):
-{s['train_tokens']:,} answer tokens, {s['steps']} steps of {s['batch_size']} answers, AdamW at {s['lr']},
-seed {s['seed']}. Time on this machine's CPU (2 threads), summed over the runs that made it (each
-stage resumes where a stopped run left off): answers {s['seconds']['answers']:.0f} s, features
-{s['seconds']['features']:.0f} s, training {s['seconds']['train']:.0f} s.
+Trained by `{s.get('command', 'inferlab train eagle')}` on the frozen target ({s.get('quantization') or 'as stored'})
+and its own greedy answers to {s['train_prompts']:,} prompts: {s.get('magpie', 0):.0%} of them requests the target
+wrote itself (Magpie, Xu et al. 2024), the rest built offline from templates (standard-library
+code and docstrings, customer-service questions, everyday topics); none is from the benchmark's
+held-out set. {s['train_tokens']:,} answer tokens, {s['steps']} steps of {s['batch_size']} answers,
+AdamW at {s['lr']}, seed {s['seed']}. Time on this machine's CPU (2 threads), summed over the runs that
+made it (each stage resumes where a stopped run left off): prompts {s['seconds'].get('prompts', 0):.0f} s,
+answers {s['seconds']['answers']:.0f} s, features {s['seconds']['features']:.0f} s, training {s['seconds']['train']:.0f} s.
 
 Held out ({e['positions']:,} answer positions of {s['held_out_prompts']} prompts no step saw):
 
@@ -337,10 +405,10 @@ Held out ({e['positions']:,} answer positions of {s['held_out_prompts']} prompts
 | 1 | the target's f_(t-1) | {e['top1_step1']:.1%} |
 | 2 | the draft's own f^_(t-1) | {e['top1_step2']:.1%} |
 
-Draft cost c (one drafting pass over one target decode step, fp32, batch 1): {s['draft_cost_ratio']:.3f}.
+Draft cost c (one drafting pass over one target decode step, batch 1, the draft in fp32): {s['draft_cost_ratio']:.3f}.
 Speed-ups measured in the engine: `inferlab bench spec --target {s['base_model']}`.
 
-Use: `LLM("{s['base_model']}", quantization="none", speculative_config={{"method": "eagle", "num_speculative_tokens": 4}})`.
+Use: `LLM("{s['base_model']}", speculative_config={{"method": "eagle", "num_speculative_tokens": 3}})`.
 """
 
 
@@ -354,7 +422,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--batch-size", type=int, default=8, help="answers per step (default: 8)")
     p.add_argument("--ce-weight", type=float, default=0.5, help="weight of the cross-entropy (default: 0.5)")
+    p.add_argument("--magpie", type=float, default=0.5,
+                   help="share of the prompts the target writes itself, Magpie's way (default: 0.5)")
     p.add_argument("--seed", type=int, default=0)
+    add_quantization_argument(p, "the target whose answers and features the draft learns: ")
     p.add_argument("--run-dir", default="runs/eagle", help="answers, features, checkpoints, log (default: runs/eagle)")
     p.add_argument("--out", default=None, help="where the draft goes (default: inferlab/assets/models/<target>_eagle)")
     p.add_argument("--no-ship", action="store_true", help="measure only; do not write the draft")
@@ -362,7 +433,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if min(args.prompts, args.max_tokens, args.draft_vocab, args.steps, args.batch_size) < 1 or args.prompts < 20:
         raise InferlabError("--prompts must be >= 20, and --max-tokens, --draft-vocab, --steps, --batch-size >= 1")
-    from inferlab.llm import LLM
+    if not 0 <= args.magpie <= 1:
+        raise InferlabError(f"--magpie is a share of the prompts, between 0 and 1: got {args.magpie}")
+    from inferlab.llm import LLM, load_model
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -370,10 +443,13 @@ def main(argv: list[str]) -> int:
                         handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "eagle.log")])
     torch.manual_seed(args.seed)
     seconds = json.loads((run_dir / "seconds.json").read_text()) if (run_dir / "seconds.json").exists() else {}
-    llm = LLM(args.target, quantization="none", max_num_seqs=32)
+    llm = LLM(args.target, quantization=args.quantization, max_num_seqs=32)
     target = llm.model.eval().requires_grad_(False)
     t = time.monotonic()
-    samples = answer_stage(llm, run_dir, training_prompts(args.prompts, args.seed), args.max_tokens, quiet=args.quiet)
+    prompts = prompt_stage(llm, run_dir, args.prompts, args.seed, args.magpie, args.quiet)
+    seconds["prompts"] = seconds.get("prompts", 0.0) + time.monotonic() - t
+    t = time.monotonic()
+    samples = answer_stage(llm, run_dir, prompts, args.max_tokens, quiet=args.quiet)
     seconds["answers"] = seconds.get("answers", 0.0) + time.monotonic() - t
     (run_dir / "seconds.json").write_text(json.dumps(seconds))
     t = time.monotonic()
@@ -387,7 +463,10 @@ def main(argv: list[str]) -> int:
     d2t = draft_vocabulary(train_s, args.draft_vocab, eot)
     t2d = torch.full((target.config.vocab_size,), -100, dtype=torch.long)
     t2d[d2t] = torch.arange(len(d2t))
-    draft = init_draft(target, d2t)
+    # the layer and head start from the target's fp32 weights (a quantized target holds blocks)
+    fp32 = target if args.quantization == "none" else load_model(args.target, "cpu", quantization="none")[0]
+    draft = init_draft(fp32, d2t)
+    del fp32
     seconds["train"] = train_stage(draft, target, train_s, train_f, t2d, args.steps, args.lr, args.batch_size,
                                    args.ce_weight, run_dir, args.seed, args.quiet)
     held_out = evaluate(draft, target, test_s, test_f, t2d)
@@ -398,7 +477,7 @@ def main(argv: list[str]) -> int:
                "stored_mb": params * 2 / 1e6, "train_prompts": len(train_s), "held_out_prompts": len(test_s),
                "train_tokens": sum(len(r["answer_ids"]) for r in train_s), "steps": args.steps,
                "batch_size": args.batch_size, "lr": args.lr, "ce_weight": args.ce_weight, "seed": args.seed,
-               "max_tokens": args.max_tokens, "seconds": {k: round(v, 1) for k, v in seconds.items()},
+               "max_tokens": args.max_tokens, "magpie": args.magpie, "quantization": args.quantization, "seconds": {k: round(v, 1) for k, v in seconds.items()},
                "held_out": held_out, "draft_cost_ratio": round(drafting_cost(draft, target), 4),
                "threads": torch.get_num_threads(), "command": " ".join(["inferlab train eagle", *argv])}
     print(json.dumps(summary))

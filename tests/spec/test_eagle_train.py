@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import types
 
+import pytest
 import torch
 
+from inferlab.errors import InferlabError
 from inferlab.spec import eagle_train
 
 
@@ -60,3 +62,35 @@ def test_the_shipped_smollm2_draft_loads_with_its_card(smollm2_fp32):
     assert (folder / "model.safetensors").stat().st_size < 30e6  # the size the course allows
     assert card["held_out"]["top1_step1"] > 0.3 and 0 < card["draft_cost_ratio"] < 0.2
     assert "Held out" in (folder / "README.md").read_text()
+
+
+def test_prompt_stage_interleaves_the_targets_requests_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(eagle_train, "magpie_prompts", lambda llm, n, seed, quiet=False: [f"own {i}" for i in range(n)])
+    prompts = eagle_train.prompt_stage(None, tmp_path, 40, 0, magpie=0.25)
+    own = [i for i, p in enumerate(prompts) if p.startswith("own ")]
+    assert len(prompts) == 40 and len(own) == 10 and own[-1] >= 36  # spread through, the held-out tail included
+    assert prompts[own[0]] == "own 0" and prompts[own[-1]] == "own 9"
+    assert eagle_train.prompt_stage(None, tmp_path, 40, 1, magpie=0.9) == prompts  # a rerun reads the file
+    with pytest.raises(InferlabError, match="--prompts 40"):
+        eagle_train.prompt_stage(None, tmp_path, 50, 0, magpie=0.25)
+
+
+def test_magpie_needs_a_chat_template():
+    from inferlab.llm import load_model
+
+    llm = types.SimpleNamespace(tokenizer=load_model("target")[1])
+    with pytest.raises(InferlabError, match="--magpie 0"):
+        eagle_train.magpie_prompts(llm, 4, 0)
+
+
+def test_smollm2_writes_its_own_requests_seeded_and_never_the_benchmarks():
+    from inferlab.bench.spec import PROMPT_SETS
+    from inferlab.llm import LLM
+
+    llm = LLM("smollm2", max_num_seqs=64)
+    first = eagle_train.magpie_prompts(llm, 12, seed=3, quiet=True)
+    assert eagle_train.magpie_prompts(llm, 12, seed=3, quiet=True) == first  # seeded: a rerun writes the same
+    assert len(set(first)) == 12 and all(len(p) >= 20 and "<|im_" not in p for p in first)
+    held = json.loads(PROMPT_SETS.read_text())
+    assert not set(first) & set(held["grounded"] + held["free"])
+    assert eagle_train.magpie_prompts(llm, 12, seed=4, quiet=True) != first
