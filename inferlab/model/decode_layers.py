@@ -19,6 +19,7 @@ call: a replaced module or tensor, or a tensor moved, rebuilds it.
 from __future__ import annotations
 
 import ctypes
+import operator
 import weakref
 from pathlib import Path
 
@@ -160,6 +161,7 @@ class _Plan:
         self.hook_dicts: list[dict] = []
         self.versions: list[tuple[torch.Tensor, int]] = []  # (tensor, version) whose copy the loops read
         self.cache = cache
+        self._columns = None  # holds()'s checks as columns, built at its first call
         self.ok = cfg.head_dim % 16 == 0 and cfg.head_dim <= 256  # what cpu_decode.c's attention takes
         if not self.ok:
             return
@@ -229,10 +231,26 @@ class _Plan:
             self.ok = False
 
     def holds(self, cache) -> bool:
-        """Is every module, tensor and pointer the plan was built from still in place?"""
-        return (cache is self.cache and all(d.get(k) is v for d, k, v in self.watched)
-                and all(t.data_ptr() == p for t, p in self.tensors)
-                and all(version(t) == v for t, v in self.versions))
+        """Is every module, tensor and pointer the plan was built from still in place? Asked at
+        every forward, about a thousand checks for a 30-layer model: they run as ``map`` over
+        columns built once, about 5x faster than a Python loop (tens of microseconds a step)."""
+        if cache is not self.cache:
+            return False
+        if self._columns is None:
+            live = [(t, v) for t, v in self.versions if not t.is_inference()]  # an inference tensor stays -1
+            self._columns = (*_columns(self.watched, 3), *_columns(self.tensors, 2), *_columns(live, 2))
+        dicts, keys, values, tensors, ptrs, counted, counts = self._columns
+        return (all(map(operator.is_, map(dict.get, dicts, keys), values))
+                and all(map(operator.eq, map(torch.Tensor.data_ptr, tensors), ptrs))
+                and all(map(operator.eq, map(_VERSION, counted), counts)))
+
+
+def _columns(rows: list[tuple], width: int) -> tuple:
+    """[(a, b), ...] -> ((a, ...), (b, ...)); empty columns for no rows."""
+    return tuple(zip(*rows)) if rows else ((),) * width
+
+
+_VERSION = operator.attrgetter("_version")
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {loop settings: plan}; not in the
