@@ -225,7 +225,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     them, at most b at a time (``max_num_seqs`` = b), and tokens/s counts the tokens emitted."""
     from inferlab.bench.step_profile import engine_terms
     from inferlab.model.packing import pack_projections
-    from inferlab.spec.eagle import drafting_cost, load_eagle, quantize_like_target
+    from inferlab.quant.quantize import quantize_like_target
+    from inferlab.spec.eagle import drafting_cost, load_eagle
 
     pack_projections(model)  # the engine LLM runs: q/k/v and gate/up as one product each
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]

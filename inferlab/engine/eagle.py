@@ -30,7 +30,8 @@ from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput, batch_order, query_start_loc
 from inferlab.engine.proposer import Proposer
 from inferlab.sampling import probs_from_logits
-from inferlab.spec.eagle import last_layer_features, load_eagle, quantize_like_target
+from inferlab.quant.quantize import quantize_like_target
+from inferlab.spec.eagle import last_layer_features, load_eagle
 
 
 class EagleProposer(Proposer):

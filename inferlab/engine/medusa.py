@@ -18,7 +18,7 @@ import torch
 
 from inferlab.engine.proposer import Proposer
 from inferlab.errors import InferlabError
-from inferlab.spec.eagle import quantize_like_target
+from inferlab.quant.quantize import quantize_like_target
 from inferlab.spec.medusa import load_heads
 
 

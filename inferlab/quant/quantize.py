@@ -189,3 +189,19 @@ def linear_weight_bytes(model) -> tuple[int, int]:
             total += m.weight.numel() * m.weight.element_size()
             count += m.weight.numel()
     return total, count
+
+
+def quantize_like_target(draft: nn.Module, target) -> nn.Module:
+    """A target run from quantized weights (smollm2 as stored: Q4_1 layers, a Q8_0 head) reads
+    about 97 MB a token, so an fp32 draft of 26 MB would cost c ~ 0.27; its linears in Q8_0
+    (``inferlab.quant.ggml``, the same decode loops) read a quarter of that. An fp32 target keeps
+    an fp32 draft. Any proposer's module (EAGLE's layer, a cut draft, Medusa's blocks). In place;
+    returns ``draft``."""
+    if is_quantized(target):
+        replace_linears(draft, lambda name, lin: GGMLLinear.from_float(lin, "q8_0"), skip=lambda name: False)
+    return draft
+
+
+def is_quantized(target) -> bool:
+    """Does ``target`` read any of its linears from quantized weights?"""
+    return any(isinstance(m, QuantLinear) for m in target.modules())

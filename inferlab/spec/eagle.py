@@ -40,7 +40,7 @@ from inferlab.attention import AttentionMetadata, PagedAttentionMetadata, attent
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
 from inferlab.model.config import ModelConfig
-from inferlab.model.linear import default_linear, replace_linears
+from inferlab.model.linear import default_linear
 from inferlab.model import decode_layers
 from inferlab.model.llama import STOCK, DecoderLayer, RMSNorm
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
@@ -110,25 +110,6 @@ def _as_stack(draft: EagleDraft) -> _Stack:
     if stack is None or stack.model.layers[0] is not draft.layer:
         _STACKS[draft] = stack = _Stack(draft)
     return stack
-
-
-def quantize_like_target(draft: nn.Module, target) -> nn.Module:
-    """A target run from quantized weights (smollm2 as stored: Q4_1 layers, a Q8_0 head) reads
-    about 97 MB a token, so an fp32 draft of 26 MB would cost c ~ 0.27; its linears in Q8_0
-    (``inferlab.quant.ggml``, the same decode loops) read a quarter of that. An fp32 target keeps
-    an fp32 draft. Any proposer's module (EAGLE's layer, a cut draft, Medusa's blocks). In place;
-    returns ``draft``."""
-    from inferlab.quant.ggml import GGMLLinear
-
-    if is_quantized(target):
-        replace_linears(draft, lambda name, lin: GGMLLinear.from_float(lin, "q8_0"), skip=lambda name: False)
-    return draft
-
-
-def is_quantized(target) -> bool:
-    """Does ``target`` read any of its linears from quantized weights?"""
-    from inferlab.quant.base import QuantLinear
-    return any(isinstance(m, QuantLinear) for m in target.modules())
 
 
 def last_layer_features(target):

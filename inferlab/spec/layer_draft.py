@@ -155,7 +155,7 @@ def attach(name: str | os.PathLike, target: CausalLM) -> CausalLM | None:
     Q8_0 under a quantized target, as an EAGLE draft's are; q/k/v and gate/up packed, as ``LLM``
     packs the target); None if ``name`` is no layer draft."""
     from inferlab.model.packing import pack_projections
-    from inferlab.spec.eagle import is_quantized, quantize_like_target
+    from inferlab.quant.quantize import is_quantized, quantize_like_target
 
     folder = folder_of(name)
     if folder is None:
