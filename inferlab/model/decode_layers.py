@@ -238,14 +238,14 @@ class _Plan:
             return False
         if self._columns is None:
             live = [(t, v) for t, v in self.versions if not t.is_inference()]  # an inference tensor stays -1
-            self._columns = (*_columns(self.watched, 3), *_columns(self.tensors, 2), *_columns(live, 2))
+            self._columns = (*_unzip(self.watched, 3), *_unzip(self.tensors, 2), *_unzip(live, 2))
         dicts, keys, values, tensors, ptrs, counted, counts = self._columns
         return (all(map(operator.is_, map(dict.get, dicts, keys), values))
                 and all(map(operator.eq, map(torch.Tensor.data_ptr, tensors), ptrs))
                 and all(map(operator.eq, map(_VERSION, counted), counts)))
 
 
-def _columns(rows: list[tuple], width: int) -> tuple:
+def _unzip(rows: list[tuple], width: int) -> tuple:
     """[(a, b), ...] -> ((a, ...), (b, ...)); empty columns for no rows."""
     return tuple(zip(*rows)) if rows else ((),) * width
 

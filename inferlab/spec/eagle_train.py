@@ -121,19 +121,21 @@ def magpie_prompts(llm, n: int, seed: int, max_tokens: int = 96, quiet: bool = F
     the chat template cut where a user's message would begin, sampled at temperature 1 until the
     end of the turn. Unfinished requests, very short ones and the benchmark's held-out prompts are
     dropped; each round seeds its requests, so a rerun writes the same list."""
+    from inferlab.bench.spec import PROMPT_SETS
     from inferlab.model.chat import Chat
     from inferlab.sampling import SamplingParams
 
-    from inferlab.bench.spec import PROMPT_SETS
+    def key(text: str) -> str:  # the same request, whatever its spacing and case
+        return " ".join(text.split()).lower()
 
     chat = Chat(llm.tokenizer)
     if chat.template.is_default:
         raise InferlabError("the target has no chat template, so it cannot write requests itself: pass --magpie 0")
     mark = "\u2063inferlab\u2063"
     text, _ = chat.prompt([{"role": "user", "content": mark}])
-    opening = llm.tokenizer.encode(text[:text.index(mark)], add_special_tokens=chat.template.is_default)
+    opening = llm.tokenizer.encode(text[:text.index(mark)], add_special_tokens=False)  # the template wrote them
     sets = json.loads(PROMPT_SETS.read_text())
-    held = {" ".join(q.split()).lower() for q in sets["grounded"] + sets["free"]}
+    held = {key(q) for q in sets["grounded"] + sets["free"]}
     out, seen, rnd = [], set(), 0
     bar = tqdm(total=n, desc="magpie prompts", unit="prompt", disable=quiet)
     while len(out) < n:
@@ -142,9 +144,9 @@ def magpie_prompts(llm, n: int, seed: int, max_tokens: int = 96, quiet: bool = F
         rnd += 1
         for o in llm.generate(prompt_token_ids=[opening] * 64, sampling_params=params):
             q = o.outputs[0].text.strip()
-            key = " ".join(q.split()).lower()
-            if o.outputs[0].finish_reason == "stop" and len(q) >= 20 and key not in seen and key not in held:
-                seen.add(key)
+            k = key(q)
+            if o.outputs[0].finish_reason == "stop" and len(q) >= 20 and k not in seen and k not in held:
+                seen.add(k)
                 out.append(q)
                 bar.update(1)
         if rnd > 10 + 4 * n // 64:
