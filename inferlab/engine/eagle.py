@@ -120,7 +120,7 @@ class EagleProposer(Proposer):
     def observe(self, out, ready, emitted, hidden, starts, running) -> None:
         """Keep the target's features of the rows this step kept (``hidden`` [N, H]: every row of
         the forward, in the runner's batch order); forget the sequences that left."""
-        order = batch_order([q for _, _, q in self.layout], [c for _, c, _ in self.layout])
+        order = batch_order([q for _, _, q in self.layout], [c for _, c, _ in self.layout], self.target)
         cu = query_start_loc([self.layout[i][2] for i in order])
         for b, j in enumerate(order):
             sid, c, _ = self.layout[j]

@@ -22,7 +22,8 @@ import logging
 import torch
 
 from inferlab.model import packing
-from inferlab.attention.paged import MULTI_QUERY_MAX, PagedAttentionMetadata
+from inferlab.attention.paged import MULTI_QUERY_MAX, SHORT_PROMPT_MAX, PagedAttentionMetadata
+from inferlab.attention.torch_sdpa import TorchSDPABackend
 from inferlab.cache.paged import PagedKVCache
 from inferlab.device import COMPILE_ERRORS
 
@@ -62,7 +63,8 @@ class ModelRunner:
         All the int vectors travel to the device as one tensor (one copy, then views): on a
         small model a step is short enough for eight separate host-to-device tensors to show.
         """
-        ranks = [_rank(len(s.token_ids), s.num_computed) for s in seqs]
+        rows = short_prompt_rows(self.model)
+        ranks = [_rank(len(s.token_ids), s.num_computed, rows) for s in seqs]
         order = _order_of(ranks)
         bs = self.block_size
         ids, positions, slots, tables, q_lens, ctx_lens = [], [], [], [], [], []
@@ -165,21 +167,36 @@ def query_start_loc(lens: list[int]) -> list[int]:
     return starts
 
 
-def batch_order(query_lens: list[int], num_computed: list[int]) -> list[int]:
-    """The caller's index of each batch position: decodes first, then the short multi-query
-    ones (speculative verifies), then the rest, stable (``prepare`` lays a forward out this way;
-    a hook reading every row of it, like EAGLE's, maps rows back with it)."""
-    return _order_of([_rank(q, c) for q, c in zip(query_lens, num_computed)])
+def batch_order(query_lens: list[int], num_computed: list[int], model) -> list[int]:
+    """The caller's index of each batch position in ``model``'s forward: decodes first, then the
+    short multi-query ones (speculative verifies, short prompts), then the rest, stable
+    (``prepare`` lays a forward out this way; a hook reading every row of it, like EAGLE's, maps
+    rows back with it)."""
+    rows = short_prompt_rows(model)
+    return _order_of([_rank(q, c, rows) for q, c in zip(query_lens, num_computed)])
+
+
+def short_prompt_rows(model) -> int:
+    """How long a prompt or chunk may be and still join the multi-query sequences of ``model``'s
+    forward: ``SHORT_PROMPT_MAX`` where its attention is the torch backend on a CPU (the prompt's
+    rows then take the C loop the C layers take, ``inferlab.attention.paged``), else 0 (a prompt
+    runs one SDPA or FlashAttention call)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or [getattr(model, "layer", None)]  # EAGLE: one
+    backend = getattr(getattr(layers[0], "self_attn", None), "backend", None)
+    return SHORT_PROMPT_MAX if type(backend) is TorchSDPABackend and model.device.type == "cpu" else 0
 
 
 def _order_of(ranks: list[int]) -> list[int]:
     return sorted(range(len(ranks)), key=lambda i: ranks[i])
 
 
-def _rank(q_len: int, num_computed: int) -> int:
-    """Where a sequence goes in the batch: 0 decode, 1 a few queries over a cached context (a
-    speculative verify, a short chunk), 2 a prompt or a long chunk (one SDPA call each)."""
-    return 0 if q_len == 1 else 1 if q_len <= MULTI_QUERY_MAX and num_computed > 0 else 2
+def _rank(q_len: int, num_computed: int, prompt_rows: int) -> int:
+    """Where a sequence goes in the batch: 0 a decode (one query: a 1-token prompt too), 1 a few
+    queries (a speculative verify or a short chunk over a cached context; a prompt or chunk of up
+    to ``prompt_rows``, :func:`short_prompt_rows`), 2 a prompt or a long chunk (one SDPA call each)."""
+    if q_len == 1:
+        return 0
+    return 1 if q_len <= prompt_rows or (q_len <= MULTI_QUERY_MAX and num_computed > 0) else 2
 
 
 def logits_indices(query_lens: list[int], order: list[int], num_logits: list[int], device,

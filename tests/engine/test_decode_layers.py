@@ -1,6 +1,6 @@
 """Every decoder layer in one C call (inferlab.model.decode_layers): the same bits as the layers run
-one module at a time, for decodes and verifies, in every format with a loop; and the per-module
-path wherever a hook, a swapped module or a prompt needs it."""
+one module at a time, for decodes, verifies and short prompts, in every format with a loop; and the
+per-module path wherever a hook, a swapped module or a long prompt needs it."""
 from __future__ import annotations
 
 import copy
@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from inferlab.attention.paged import MULTI_QUERY_MAX
 from inferlab.model import decode_layers, llama
 from inferlab.quant import quantize_model
 from inferlab.quant.fused import compiler_available
@@ -69,8 +70,9 @@ def test_verifies_match_the_modules(target, compared):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
 
 
-def test_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatch):
-    """A prompt, a hook and a swapped-in module each run the modules; a replaced weight is read."""
+def test_long_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatch):
+    """A short prompt takes the C layers; a long prompt, a hook and a swapped-in module each run the
+    modules; a replaced weight is read."""
     model, tok = target
     model = copy.deepcopy(model)
     calls = []
@@ -78,7 +80,12 @@ def test_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatc
     monkeypatch.setattr(decode_layers, "run", lambda *a: calls.append(real(*a)) or calls[-1])
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     run((model, tok), PROMPTS[:1], params)
-    assert calls == [False, True, True]  # the prompt, then two decodes
+    assert calls == [True, True, True]  # the prompt, then two decodes
+    calls.clear()
+    long_prompt = HEAD * 12
+    assert len(tok.encode(long_prompt)) > MULTI_QUERY_MAX
+    run((model, tok), [long_prompt], params)
+    assert calls == [False, True, True]  # the long prompt runs one SDPA call per layer
 
     seen = []
     handle = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: seen.append(1))
@@ -93,7 +100,7 @@ def test_prompts_hooks_and_other_modules_take_the_module_path(target, monkeypatc
         layer.self_attn.o_proj.weight = nn.Parameter(torch.zeros_like(layer.self_attn.o_proj.weight))
     calls.clear()
     fused, _ = run((model, tok), PROMPTS[:1], params)
-    assert calls == [False, True, True]
+    assert calls == [True, True, True]
     monkeypatch.setattr(decode_layers, "run", lambda *a: False)
     modules, _ = run((model, tok), PROMPTS[:1], params)
     assert fused[0].token_ids == modules[0].token_ids
@@ -128,7 +135,7 @@ def test_a_quantized_weight_changed_in_place_is_read(target, monkeypatch):
     real = decode_layers.run
     monkeypatch.setattr(decode_layers, "run", lambda *a: calls.append(real(*a)) or calls[-1])
     fused = generate("fused")
-    assert calls == [False, True, True, True]
+    assert calls == [True, True, True, True]
     monkeypatch.setattr(decode_layers, "run", lambda *a: False)
     assert fused == generate("modules") != before
 
@@ -177,6 +184,24 @@ def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, met
     for i, a in enumerate(alone):
         assert bits(batched[i]) == bits(a), ("batched", i)
         assert bits(spec[i]) == bits(a), ("speculating", i)
+
+
+def test_a_short_prompt_gets_the_same_bits_in_either_path(target, compared):
+    """A short prompt's rows take the same C loop whether its step runs the C layers (prefilled alone)
+    or the modules (beside a prompt too long for the C layers): continuous batching puts prompts in
+    any step, so where they went through SDPA in one path and the C loop in the other, a sequence's
+    log-probs would depend on who shared its first step."""
+    model, tok = target
+    short, long_prompt = PROMPTS[1], HEAD * 12
+    assert len(tok.encode(short)) > 1 and len(tok.encode(long_prompt)) > decode_layers.MAX_ROWS
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    alone, _ = run(target, [short], params)
+    assert compared[0][1] is not None, "the short prompt alone did not take the C layers"
+    compared.clear()
+    together, _ = run(target, [short, long_prompt], params, max_num_seqs=2)
+    assert compared[0][1] is None, "the two prompts' step should run the modules"
+    bits = lambda out: [(t, lp[t].logprob) for t, lp in zip(out.token_ids, out.logprobs)]  # noqa: E731
+    assert bits(together[0]) == bits(alone[0])
 
 
 def test_the_eagle_drafts_layer_is_the_modules_bits(target, eagle_config, compared, monkeypatch):
