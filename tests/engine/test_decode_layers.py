@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.attention.paged import MULTI_QUERY_MAX
+from inferlab.engine import model_runner
 from inferlab.model import decode_layers, llama
 from inferlab.quant import quantize_model
 from inferlab.quant.fused import compiler_available
@@ -82,8 +82,9 @@ def test_long_prompts_hooks_and_other_modules_take_the_module_path(target, monke
     run((model, tok), PROMPTS[:1], params)
     assert calls == [True, True, True]  # the prompt, then two decodes
     calls.clear()
-    long_prompt = HEAD * 12
-    assert len(tok.encode(long_prompt)) > MULTI_QUERY_MAX
+    _toy_limits(monkeypatch)
+    long_prompt = HEAD * 4
+    assert len(tok.encode(long_prompt)) > model_runner.SHORT_PROMPT_MAX
     run((model, tok), [long_prompt], params)
     assert calls == [False, True, True]  # the long prompt runs one SDPA call per layer
 
@@ -159,8 +160,8 @@ def test_biases_and_windows_are_the_modules_bits(variant, tmp_path, compared):
 @pytest.mark.parametrize("method", [None, "q4_1"])
 def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, method):
     """Batch invariance (He et al., Thinking Machines 2025): a sequence's log-probs are the same bits
-    whether it decodes alone, two at a time with a prompt joining their step when one finishes (the
-    modules run that step, the C layers the others), or under speculation (its rows verified four
+    whether it decodes alone, two at a time with a prompt joining their step when one finishes, or
+    under speculation (its rows verified four
     at a time beside another sequence's). Contexts of several parts of the attention's split, on
     two threads: where the split or an op depended on the rows beside it, a near-tie somewhere
     flips a greedy token on the real model. (A prompt cut into other chunks is another computation:
@@ -186,13 +187,20 @@ def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, met
         assert bits(spec[i]) == bits(a), ("speculating", i)
 
 
-def test_a_short_prompt_gets_the_same_bits_in_either_path(target, compared):
+def _toy_limits(monkeypatch, rows: int = 64) -> None:
+    """The toy's context (512) holds no prompt longer than the real limits: lower them to its scale."""
+    monkeypatch.setattr(model_runner, "SHORT_PROMPT_MAX", rows)
+    monkeypatch.setattr(decode_layers, "MAX_ROWS", rows)
+
+
+def test_a_short_prompt_gets_the_same_bits_in_either_path(target, compared, monkeypatch):
     """A short prompt's rows take the same C loop whether its step runs the C layers (prefilled alone)
     or the modules (beside a prompt too long for the C layers): continuous batching puts prompts in
     any step, so where they went through SDPA in one path and the C loop in the other, a sequence's
     log-probs would depend on who shared its first step."""
     model, tok = target
-    short, long_prompt = PROMPTS[1], HEAD * 12
+    _toy_limits(monkeypatch)
+    short, long_prompt = PROMPTS[1], HEAD * 4
     assert len(tok.encode(short)) > 1 and len(tok.encode(long_prompt)) > decode_layers.MAX_ROWS
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     alone, _ = run(target, [short], params)
