@@ -66,7 +66,10 @@ class CpuShare:
             self.given, self.set_to = now, None
         if not enabled() or self.given <= 1:
             return now
-        wall, machine = time.monotonic(), _machine_busy()
+        wall = time.monotonic()
+        if self.last is not None and wall - self.last[0] < INTERVAL:  # before reading /proc: a step can be
+            return now                                                # shorter than the read (~70 us)
+        machine = _machine_busy()
         if machine is None:
             return now
         own = _own_busy()
@@ -74,8 +77,6 @@ class CpuShare:
             self.last = (wall, machine, own)
             return now
         dt = wall - self.last[0]
-        if dt < INTERVAL:
-            return now
         others = max(0.0, (machine - self.last[1]) - (own - self.last[2])) / dt
         self.last = (wall, machine, own)
         want = min(self.given, free_cores(others, self.cores))

@@ -52,6 +52,23 @@ def test_a_busy_core_elsewhere_takes_a_thread_and_gives_it_back(monkeypatch, thr
     assert share.adjust() == 2 and torch.get_num_threads() == 2
 
 
+def test_proc_is_read_once_a_second_not_once_a_step(monkeypatch, threads):
+    """A toy model's decode step (about half a millisecond) is shorter than reading /proc/stat: the
+    engine's steps between two looks read nothing."""
+    clock, share = Clock(monkeypatch), CpuShare()
+    share.cores = 2
+    reads = []
+    monkeypatch.setattr(cpu_share, "_machine_busy", lambda: reads.append(1) or clock.machine)
+    share.adjust()
+    for _ in range(100):
+        clock.run(0.005, own_cores=2.0, other_cores=0.0)
+        share.adjust()
+    assert len(reads) == 1  # 0.5 s of steps: only the first look
+    clock.run(0.6, own_cores=2.0, other_cores=0.0)
+    share.adjust()
+    assert len(reads) == 2
+
+
 def test_never_above_what_it_was_given(monkeypatch, threads):
     clock, share = Clock(monkeypatch), CpuShare()
     share.cores = 4
