@@ -2,7 +2,9 @@
 
 :func:`library` compiles a C file with the system compiler (``inferlab.quant.vnni._build``: once
 per source and machine, in the cache) and declares its functions; :func:`runs` says whether a C
-call may take a tensor now, so every loop steps aside at the same places as the linears' loops.
+call may take a tensor now, so every loop steps aside at the same places as the linears' loops;
+:func:`loops_run` whether this process runs them at all (what a notebook's claims that rest on
+them check first).
 """
 from __future__ import annotations
 
@@ -48,3 +50,10 @@ def runs(*tensors: torch.Tensor) -> bool:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return all(t.dtype is torch.float32 and t.is_cpu for t in tensors)
+
+
+def loops_run() -> bool:
+    """Whether the engine's C loops run in this process: a compiler builds them and the loop settings
+    let them (not under ``ATEN_CPU_CAPABILITY=default`` or ``INFERLAB_QUANT_KERNEL``)."""
+    from inferlab.quant import fused  # here, not above: see library()
+    return runs(torch.zeros(1)) and fused.compiler_available()

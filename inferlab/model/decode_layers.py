@@ -1,10 +1,10 @@
 """Every decoder layer of a decode step in one C call (``decode_layers.c``, beside this file: why).
 
 :func:`run` takes the rows of a ragged batch of decodes, verifies and short prompts or chunks
-(``inferlab.attention.paged.MULTI_QUERY_MAX``: a continuous-batching step where a prompt joins the
-running decodes), up to :data:`MAX_ROWS`, and runs all the layers over them in C: the same RMSNorm, RoPE and paged
-attention loops as the per-operation path, and each linear's own loop (``inferlab.quant.f32`` for
-float weights, ``inferlab.quant.vnni`` for the quantized formats). It returns False, and the model
+(``inferlab.attention.paged.SHORT_PROMPT_MAX``: a continuous-batching step where a prompt joins
+the running decodes), up to :data:`MAX_ROWS`, and runs all the layers over them in C: the same
+RMSNorm, RoPE and paged attention loops as the per-operation path, and each linear's own loop
+(``inferlab.quant.f32`` for float weights, ``inferlab.quant.vnni`` for the quantized formats). It returns False, and the model
 runs its layers one module at a time, wherever one piece is not the stock one:
 
 - a long prompt or chunk in the batch, more than :data:`MAX_ROWS` rows, autograd, a compiled step;

@@ -43,6 +43,12 @@ def compared(monkeypatch):
     return seen
 
 
+def _toy_limits(monkeypatch, rows: int = 64) -> None:
+    """The toy's context (512) holds no prompt longer than the real limits: lower them to its scale."""
+    monkeypatch.setattr(model_runner, "SHORT_PROMPT_MAX", rows)
+    monkeypatch.setattr(decode_layers, "MAX_ROWS", rows)
+
+
 @pytest.mark.parametrize("method", [None, "int8", "int4", "q8_0", "q4_0", "q4_1", "nf4"])
 def test_decodes_are_the_modules_bits(target, compared, method):
     """A batch of decodes of different lengths: the C layers write what the modules compute, bit for bit."""
@@ -161,8 +167,7 @@ def test_biases_and_windows_are_the_modules_bits(variant, tmp_path, compared):
 def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, method):
     """Batch invariance (He et al., Thinking Machines 2025): a sequence's log-probs are the same bits
     whether it decodes alone, two at a time with a prompt joining their step when one finishes, or
-    under speculation (its rows verified four
-    at a time beside another sequence's). Contexts of several parts of the attention's split, on
+    under speculation (its rows verified four at a time beside another sequence's). Contexts of several parts of the attention's split, on
     two threads: where the split or an op depended on the rows beside it, a near-tie somewhere
     flips a greedy token on the real model. (A prompt cut into other chunks is another computation:
     no chunking here.)"""
@@ -185,12 +190,6 @@ def test_a_sequence_gets_the_same_bits_alone_batched_and_speculating(target, met
     for i, a in enumerate(alone):
         assert bits(batched[i]) == bits(a), ("batched", i)
         assert bits(spec[i]) == bits(a), ("speculating", i)
-
-
-def _toy_limits(monkeypatch, rows: int = 64) -> None:
-    """The toy's context (512) holds no prompt longer than the real limits: lower them to its scale."""
-    monkeypatch.setattr(model_runner, "SHORT_PROMPT_MAX", rows)
-    monkeypatch.setattr(decode_layers, "MAX_ROWS", rows)
 
 
 def test_a_short_prompt_gets_the_same_bits_in_either_path(target, compared, monkeypatch):
