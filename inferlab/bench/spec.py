@@ -210,7 +210,8 @@ def _engine_run(model, tok, prompts, params, spec: dict | None, max_num_seqs: in
 def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: int = 128,
                  new_tokens: int = 64, repeats: int = 2, methods=("ngram", "draft"), draft: str = "draft",
                  medusa: tuple | None = None, eagle: str | None = None, prompts: list[list[int]] | None = None,
-                 params: SamplingParams | None = None, module_costs: bool = True) -> list[dict]:
+                 params: SamplingParams | None = None, module_costs: bool = True,
+                 confidence_threshold: float = 0.0) -> list[dict]:
     """Speculation through the engine against the engine without it, per batch size, method and k
     (``medusa``: (the heads' folder, their number), for a "medusa" method: k up to that number;
     ``eagle``: the EAGLE draft's folder, for an "eagle" method).
@@ -230,10 +231,11 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
 
     pack_projections(model)  # the engine LLM runs: q/k/v and gate/up as one product each
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
+    sure = {"confidence_threshold": confidence_threshold}
     configs = {"ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4},
-               "draft": lambda k: {"model": draft, "num_speculative_tokens": k},
-               "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0])},
-               "eagle": lambda k: {"method": "eagle", "num_speculative_tokens": k, "model": str(eagle)}}
+               "draft": lambda k: {"model": draft, "num_speculative_tokens": k, **sure},
+               "medusa": lambda k: {"method": "medusa", "num_speculative_tokens": k, "model": str(medusa[0]), **sure},
+               "eagle": lambda k: {"method": "eagle", "num_speculative_tokens": k, "model": str(eagle), **sure}}
     given = prompts is not None
     params = params or SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     every = prompts if given else held_out_prompts(tok, max(batch_sizes), prompt_tokens)

@@ -22,14 +22,15 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput
-from inferlab.engine.proposer import Proposer
+from inferlab.engine.proposer import Proposer, cut_chain
 from inferlab.sampling import probs_from_logits
 
 
 class DraftProposer(Proposer):
-    def __init__(self, draft, target, num_blocks: int, block_size: int):
+    def __init__(self, draft, target, num_blocks: int, block_size: int, confidence_threshold: float = 0.0):
         """``draft`` as ``spec_decode.draft_model`` returns it: the target's vocabulary, checked there."""
         self.model = draft
+        self.confidence_threshold = confidence_threshold
         self.kv_cache = PagedKVCache.for_model(draft.config, num_blocks, block_size, target.dtype, target.device)
         self.runner = ModelRunner(draft, self.kv_cache)
         # seq_id -> tokens whose draft K/V is written (absent: as many as the target's, e.g. a fork)
@@ -56,6 +57,7 @@ class DraftProposer(Proposer):
         logits = self.runner.execute(inputs)  # [B, V]: each sequence's last row
         qs: dict[int, list[torch.Tensor]] = {j: [] for j in need}
         rows = {j: logits[j] for j in need}
+        sure = dict.fromkeys(need, 1.0)
         for step in range(max((len(out.scheduled[j].spec_token_ids) for j in need), default=0)):
             live = [j for j in need if step < len(out.scheduled[j].spec_token_ids)]
             for j in live:
@@ -63,6 +65,12 @@ class DraftProposer(Proposer):
                 q = probs_from_logits(rows[j], s.seq.params)
                 tok = int(q.argmax()) if s.seq.params.greedy else \
                     int(torch.multinomial(q, 1, generator=s.seq.generator))
+                if self.confidence_threshold > 0:
+                    going = cut_chain(sure[j], rows[j], q, tok, s.seq.params.greedy, self.confidence_threshold)
+                    if going is None:  # not worth its row: the chain stops here
+                        s.keep_guesses(step)
+                        continue
+                    sure[j], q = going
                 s.spec_token_ids[step] = tok  # the sequence's own list: guesses live there
                 qs[j].append(q)
             feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]
@@ -74,7 +82,7 @@ class DraftProposer(Proposer):
             for j, row in zip(feed, self.runner.execute(batch)):
                 rows[j] = row
                 self.num_computed[out.scheduled[j].seq.seq_id] = pos[j] + 1
-        return {j: torch.stack(q) for j, q in qs.items()}
+        return {j: torch.stack(q) for j, q in qs.items() if q}
 
     def observe(self, out, ready, emitted, hidden, starts, running) -> None:
         """Forget the sequences that left (finished, aborted or preempted: a preempted one is

@@ -28,7 +28,7 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput, batch_order, query_start_loc
-from inferlab.engine.proposer import Proposer
+from inferlab.engine.proposer import Proposer, cut_chain
 from inferlab.sampling import probs_from_logits
 from inferlab.quant.quantize import quantize_like_target
 from inferlab.spec.eagle import last_layer_features, load_eagle
@@ -37,8 +37,9 @@ from inferlab.spec.eagle import last_layer_features, load_eagle
 class EagleProposer(Proposer):
     needs_hidden = True  # the target's last-layer features of every row
 
-    def __init__(self, target, folder, num_blocks: int, block_size: int):
+    def __init__(self, target, folder, num_blocks: int, block_size: int, confidence_threshold: float = 0.0):
         self.target = target
+        self.confidence_threshold = confidence_threshold
         # linears in Q8_0 when the target's are quantized: the draft's bytes set c
         self.draft = quantize_like_target(load_eagle(folder, target.config, target.device, target.dtype), target)
         self.kv_cache = PagedKVCache.for_model(self.draft.config, num_blocks, block_size, target.dtype, target.device)
@@ -97,15 +98,24 @@ class EagleProposer(Proposer):
         last = self._run(inputs, feats)
         rows = {j: last[row_of[j]] for j in need}
         qs: dict[int, list[torch.Tensor]] = {j: [] for j in need}
+        sure = dict.fromkeys(need, 1.0)
         vocab, d2t = self.target.config.vocab_size, self.draft.d2t
         for step in range(max((len(out.scheduled[j].spec_token_ids) for j in need), default=0)):
             live = [j for j in need if step < len(out.scheduled[j].spec_token_ids)]
+            if not live:
+                break
             logits = self.draft.logits(torch.stack([rows[j] for j in live]))  # [live, draft vocab]
             for j, row in zip(live, logits):
                 s = out.scheduled[j]
                 q_small = probs_from_logits(row, s.seq.params)
                 pick = int(q_small.argmax()) if s.seq.params.greedy else \
                     int(torch.multinomial(q_small, 1, generator=s.seq.generator))
+                if self.confidence_threshold > 0:
+                    going = cut_chain(sure[j], row, q_small, pick, s.seq.params.greedy, self.confidence_threshold)
+                    if going is None:  # not worth its row: the chain stops here
+                        s.keep_guesses(step)
+                        continue
+                    sure[j], q_small = going
                 s.spec_token_ids[step] = int(d2t[pick])  # the sequence's own list: guesses live there
                 qs[j].append(torch.zeros(vocab, dtype=q_small.dtype, device=q_small.device).index_copy_(0, d2t, q_small))
             feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]
@@ -115,7 +125,9 @@ class EagleProposer(Proposer):
                                   block_manager.block_table(out.scheduled[j].seq.seq_id)) for j in feed]
                 for j, row in zip(feed, self._run(batch, [rows[j][None] for j in feed])):
                     rows[j] = row
-        return {j: torch.stack(q) for j, q in qs.items()}
+        # the forward's layout, as observe reads it: the chains that stopped early have fewer rows
+        self.layout = [(s.seq.seq_id, s.seq.num_computed_tokens, s.num_new_tokens) for s in out.scheduled]
+        return {j: torch.stack(q) for j, q in qs.items() if q}
 
     def observe(self, out, ready, emitted, hidden, starts, running) -> None:
         """Keep the target's features of the rows this step kept (``hidden`` [N, H]: every row of

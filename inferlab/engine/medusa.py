@@ -25,8 +25,9 @@ from inferlab.spec.medusa import load_heads
 class MedusaProposer(Proposer):
     needs_hidden = True  # the heads read the verify forward's hidden states
 
-    def __init__(self, target, heads_folder, num_speculative_tokens: int):
+    def __init__(self, target, heads_folder, num_speculative_tokens: int, confidence_threshold: float = 0.0):
         self.target = target
+        self.confidence_threshold = confidence_threshold
         # blocks in Q8_0 when the target's linears are quantized: the heads' bytes set c
         self.heads = quantize_like_target(load_heads(heads_folder, target.config.hidden_size, target.device,
                                                      target.dtype), target)
@@ -53,7 +54,10 @@ class MedusaProposer(Proposer):
         if not keep:
             return
         rows = torch.tensor([starts[j] + len(emitted[j]) - 1 for j in keep], device=hidden.device)
-        guesses = self.heads.propose(hidden[rows], self.target.lm_head, self.k).tolist()
-        for j, g in zip(keep, guesses):
+        guesses, probs = self.heads.propose(hidden[rows], self.target.lm_head, self.k, with_probs=True)
+        # the chain's confidence after each guess (cut_chain's product, for all at once): it
+        # only falls along the chain, so the guesses above the threshold are a prefix
+        sure = probs.double().cumprod(-1) >= self.confidence_threshold
+        for j, g, n in zip(keep, guesses.tolist(), sure.sum(-1).tolist()):
             seq = out.scheduled[j].seq
-            self.guesses[seq.seq_id] = (seq.num_tokens, g)
+            self.guesses[seq.seq_id] = (seq.num_tokens, g[:n])

@@ -33,6 +33,10 @@ import torch
 
 class Proposer(abc.ABC):
     needs_hidden = False  # True: the engine captures the forward's last hidden states for observe
+    # A proposer with a distribution over its guesses stops a sequence's chain at the first guess
+    # whose chance of being reached and accepted, as the proposer itself sees it, falls below this
+    # (0: always k guesses). See ``cut_chain``.
+    confidence_threshold = 0.0
 
     def propose(self, running, k: int) -> None:
         """Give each decoding sequence up to ``k`` guesses, never more than it may still emit
@@ -58,6 +62,29 @@ class Proposer(abc.ABC):
         from the target's forward (default: the final-norm hidden states of the logits rows)."""
         from inferlab.spec.medusa import capture_hidden
         return capture_hidden(model)
+
+
+def cut_chain(sure: float, logits: torch.Tensor, q: torch.Tensor, token: int, greedy: bool,
+              threshold: float) -> tuple[float, torch.Tensor] | None:
+    """Does a chain of guesses go on through ``token``? The proposer's own estimate that the chain
+    is accepted up to here is ``sure`` (up to the guess before) times the probability it gave
+    ``token``: q's, or for a greedy request (whose q is one-hot) the softmax of its raw ``logits``
+    (EAGLE-2, Li et al. 2024, ranks its draft tree by this product). A guess pays when the tokens
+    it is expected to add, this estimate, exceed what its verify row and its drafting cost in
+    plain steps, so that is the threshold to set (about c + v_1 - 1 for a first guess).
+
+    Returns None (stop: the guess is dropped and the target draws that token itself), or the new
+    estimate and the q to verify the guess with. Sampling stays exact: a guess is verified only
+    when it falls in K = {x: sure * q(x) >= threshold}, so a verified guess is drawn from q
+    restricted to K, and that restriction, renormalised, is the q the verifier must use. With it
+    the token at this position is p's whether the guess was kept (probability q(K)) or dropped."""
+    conf = sure * (logits.float().softmax(-1) if greedy else q)
+    if float(conf[token]) < threshold:
+        return None
+    if not greedy:
+        q = torch.where(conf >= threshold, q, 0.0)
+        q = q / q.sum()
+    return float(conf[token]), q
 
 
 class PromptLookupProposer(Proposer):

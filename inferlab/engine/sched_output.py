@@ -30,6 +30,16 @@ class ScheduledSeq:
         """New tokens that are the sequence's own (the rest are guesses to verify)."""
         return self.num_new_tokens - self.num_spec_tokens
 
+    def keep_guesses(self, n: int) -> None:
+        """Verify only the first ``n`` guesses: a proposer that stops drafting partway (its
+        confidence fell, ``inferlab.engine.proposer.Proposer.confidence_threshold``) drops the
+        rest after scheduling. Their reserved KV slots stay the sequence's, as a rejected guess's do."""
+        drop = self.num_spec_tokens - n
+        if drop > 0:
+            del self.seq.spec_token_ids[n:]
+            self.num_new_tokens -= drop
+            self.num_spec_tokens = n
+
     @property
     def is_decode(self) -> bool:
         """This step computes only the token sampled last (not a prompt token, however short the

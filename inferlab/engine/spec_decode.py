@@ -29,14 +29,15 @@ def make_proposer(config, model, tokenizer) -> Proposer | None:
     if spec.method == "ngram":
         return PromptLookupProposer(spec.make_proposer())
     if spec.method == "draft":
-        return DraftProposer(draft_model(spec.model, model, tokenizer), model, config.num_kv_blocks, config.block_size)
+        return DraftProposer(draft_model(spec.model, model, tokenizer), model, config.num_kv_blocks, config.block_size,
+                             spec.confidence_threshold)
     if spec.model is None:
         raise ValueError(f"the {spec.method} method needs its folder: give speculative_config 'model' "
                          f"(LLM(model=...) finds <model>_{spec.method} itself; train one with "
                          f"`inferlab train {spec.method}`)")
     if spec.method == "eagle":
-        return EagleProposer(model, spec.model, config.num_kv_blocks, config.block_size)
-    return MedusaProposer(model, spec.model, spec.num_speculative_tokens)
+        return EagleProposer(model, spec.model, config.num_kv_blocks, config.block_size, spec.confidence_threshold)
+    return MedusaProposer(model, spec.model, spec.num_speculative_tokens, spec.confidence_threshold)
 
 
 def draft_model(name, target, tokenizer=None):

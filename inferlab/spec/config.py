@@ -6,6 +6,10 @@
                                                           the heads' folder, else <target>_medusa)
     {"method": "eagle", "num_speculative_tokens": 4}     (an EAGLE draft over the target's features;
                                                           "model" may name its folder, else <target>_eagle)
+    {"method": "eagle", "num_speculative_tokens": 4, "confidence_threshold": 0.3}
+                                                         (draft, medusa, eagle: stop a sequence's guesses
+                                                          where the proposer's chance that they are all
+                                                          accepted falls below 0.3; EAGLE-2's confidence)
 
 ``num_speculative_tokens`` (k) is how many guesses each decoding sequence gets per step; every
 guess costs a query row in the verify forward whether it is kept or not, so k is capped.
@@ -28,6 +32,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 3
     model: str | None = None  # the draft model (method "draft"): an embedded name or an HF folder;
     # the heads' folder (method "medusa"; None: beside the target, ``inferlab.spec.medusa.heads_folder_for``)
+    confidence_threshold: float = 0.0  # draft, medusa, eagle: ``inferlab.engine.proposer.cut_chain``
 
     @classmethod
     def from_dict(cls, d: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
@@ -55,16 +60,17 @@ class SpeculativeConfig:
         k = d.pop("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
-        if method in ("medusa", "eagle"):
+        if method in ("medusa", "eagle", "draft"):
+            threshold = d.pop("confidence_threshold", 0.0)
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+                raise ValueError(f"confidence_threshold must be a number in [0, 1) (0: always k guesses), "
+                                 f"got {threshold!r}")
             if d:
+                takes = "model and num_speculative_tokens" if method == "draft" else \
+                    f"num_speculative_tokens and, optionally, model (the {method} folder)"
                 raise ValueError(f"unknown speculative_config keys {sorted(d)}: the {method} method takes "
-                                 f"num_speculative_tokens and, optionally, model (the {method} folder)")
-            return cls(method, k, model=None if model is None else str(model))
-        if method == "draft":
-            if d:
-                raise ValueError(f"unknown speculative_config keys {sorted(d)}: the draft method takes "
-                                 "model and num_speculative_tokens")
-            return cls(method, k, model=str(model))
+                                 f"{takes}, and optionally confidence_threshold")
+            return cls(method, k, model=None if model is None else str(model), confidence_threshold=float(threshold))
         if model is not None:
             raise ValueError(f"the ngram method uses no model, got model={model!r}: drop it, or use method 'draft'")
         lo, hi = d.pop("prompt_lookup_min", 1), d.pop("prompt_lookup_max", 3)

@@ -69,11 +69,14 @@ class MedusaHeads(nn.Module):
         return torch.stack([lm_head(block(hidden)) for block in blocks]).float()
 
     @torch.inference_mode()
-    def propose(self, hidden: torch.Tensor, lm_head: nn.Module, k: int) -> torch.Tensor:
+    def propose(self, hidden: torch.Tensor, lm_head: nn.Module, k: int, with_probs: bool = False):
         """[B, H] hidden states -> [B, k] guesses: each head's argmax (Medusa's greedy chain), over
-        ``guess_vocab`` where the heads have one."""
+        ``guess_vocab`` where the heads have one. ``with_probs``: also each guess's probability
+        under its head's softmax [B, k] (what a confidence threshold stops the chain on)."""
         if self.guess_vocab is None:
-            return self(hidden, lm_head, k).argmax(-1).T
+            logits = self(hidden, lm_head, k)  # [k, B, V]
+            best = logits.argmax(-1).T
+            return (best, _top_probs(logits).T) if with_probs else best
         weight = lm_head.weight if isinstance(getattr(lm_head, "weight", None), torch.Tensor) else None
         key = weight.data_ptr() if weight is not None else id(lm_head)
         if self._rows is None or self._rows[0] != key:  # gathered once per head weight
@@ -88,7 +91,14 @@ class MedusaHeads(nn.Module):
         h = torch.cat([block(hidden) for block in self.blocks[:k]])  # [k n, H]
         logits = F.linear(h, rows) if isinstance(rows, torch.Tensor) else rows(h)
         best = logits.argmax(-1).view(k, n).T  # [n, k]
-        return self.guess_vocab[best]
+        guesses = self.guess_vocab[best]
+        return (guesses, _top_probs(logits).view(k, n).T) if with_probs else guesses
+
+
+def _top_probs(logits: torch.Tensor) -> torch.Tensor:
+    """The softmax's largest probability along the last axis: 1 / sum(exp(logits - max))."""
+    top = logits.float().max(-1, keepdim=True).values
+    return 1.0 / (logits.float() - top).exp().sum(-1)
 
 
 # ---------------------------------------------------------------- the folder beside the target

@@ -225,6 +225,10 @@ def test_a_step_keeps_only_the_guesses_it_scheduled(target):
     ({"method": "ngram", "num_speculative_tokens": 2, "lookup": 3}, "unknown speculative_config keys"),
     ({"method": "draft", "num_speculative_tokens": 4}, "needs a model"),
     ({"method": "ngram", "model": "draft", "num_speculative_tokens": 4}, "uses no model"),
+    ({"model": "draft", "num_speculative_tokens": 4, "confidence_threshold": 1.0}, "confidence_threshold must be"),
+    ({"method": "eagle", "num_speculative_tokens": 4, "confidence_threshold": "0.3"}, "confidence_threshold must be"),
+    ({"method": "medusa", "num_speculative_tokens": 4, "confidence_threshold": -0.1}, "confidence_threshold must be"),
+    ({"method": "ngram", "num_speculative_tokens": 4, "confidence_threshold": 0.3}, "unknown speculative_config keys"),
     ("ngram", "must be a dict"),
 ])
 def test_bad_speculative_config_fails_in_one_line(target, bad, words):

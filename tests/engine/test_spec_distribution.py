@@ -56,8 +56,10 @@ def exact_joint(model, prompt, params, depth=3, prefix=(), mass=1.0, out=None, c
                  marks=pytest.mark.slow),
 ])
 @pytest.mark.parametrize("spec_config", [{"method": "ngram", "num_speculative_tokens": 2},
-                                         {"model": "draft", "num_speculative_tokens": 2}, "eagle"],
-                         ids=["ngram", "draft", "eagle"])
+                                         {"model": "draft", "num_speculative_tokens": 2},
+                                         {"model": "draft", "num_speculative_tokens": 2, "confidence_threshold": 0.3},
+                                         "eagle"],
+                         ids=["ngram", "draft", "draft-confident", "eagle"])
 def test_sampled_outputs_follow_the_target(target, params, spec_config, request):
     if spec_config == "eagle":  # q over a draft vocabulary: zero outside it
         spec_config = {**request.getfixturevalue("eagle_config"), "num_speculative_tokens": 2}
@@ -69,6 +71,8 @@ def test_sampled_outputs_follow_the_target(target, params, spec_config, request)
     counts = collections.Counter(tuple(o.outputs[0].token_ids[:3]) for o in run_all(engine).values())
     c = engine.counters
     assert c["spec_decode_num_drafts"] > n and 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
+    if spec_config.get("confidence_threshold"):  # chains cut at the proposer's own doubt: still the target's joint
+        assert c["spec_decode_num_draft_tokens"] < 1.9 * c["spec_decode_num_drafts"]
     exp = exact_joint(model, prompt, params)
     assert set(counts) <= set(exp) and abs(sum(exp.values()) - 1) < 1e-4
     assert_chi_square(counts, exp, n)
