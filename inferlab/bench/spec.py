@@ -286,9 +286,11 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                     cost = _heads_cost(model, heads, k, reps, batch=width) / one
                 v = verify[k]
             rows.append({"batch_size": width, "method": method, "num_speculative_tokens": k,
+                         "confidence_threshold": confidence_threshold if method != "ngram" else 0.0,
                          "baseline_tokens_per_s": emitted / plain_s,
                          "tokens_per_s": emitted / dt, "speedup": plain_s / dt,
                          "acceptance_rate": accepted / max(proposed, 1), "alpha": alpha,
+                         "guesses_per_step": proposed / max(drafts, 1),  # on the steps with guesses
                          "mean_acceptance_length": length, "draft_cost_ratio": cost, "verify_cost_ratio": v,
                          "share_of_steps_with_guesses": f,
                          # Leviathan's formula over the mix of steps with and without guesses
@@ -363,12 +365,17 @@ def main(argv: list[str]) -> int:
                         "bench/spec_prompts.json as chat prompts (engine table; default for a chat model: both)")
     p.add_argument("--methods", nargs="+", choices=["ngram", "draft", "medusa", "eagle"], default=None,
                    help="methods of the engine table (default: every one this target has)")
+    p.add_argument("--confidence-threshold", type=float, default=0.0,
+                   help="draft, medusa, eagle: stop a chain of guesses where the proposer's own estimate that it is "
+                        "accepted falls below this (EAGLE-2's confidence; default 0: always k guesses)")
     add_quantization_argument(p, "the target: ")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if min(args.k) < 1 or (args.prompts or 1) < 1 or (args.new_tokens or 1) < 1 or args.repeats < 1 \
             or min(args.batch_sizes or [1]) < 1:
         p.error("--k, --prompts, --new-tokens, --repeats and --batch-sizes must be >= 1")
+    if not 0 <= args.confidence_threshold < 1:
+        p.error("--confidence-threshold must be in [0, 1) (0: always k guesses)")
     model, tok, _ = load_model(args.target, "cpu", quantization=args.quantization)
     chat = getattr(tok, "chat_template", None) is not None
     sets = args.prompt_set or (["grounded", "free"] if chat else ["code"])
@@ -392,6 +399,7 @@ def main(argv: list[str]) -> int:
         methods = [m for m in methods if m in args.methods]
     medusa = None if heads is None else (heads_folder_for(args.target), heads.num_heads)
     res = {"target": args.target, "quantization": args.quantization, "threads": torch.get_num_threads(),
+           "confidence_threshold": args.confidence_threshold,
            "skipped_methods": skipped, "engine": [], "goals": []}
     for name in sets:
         if name == "code":
@@ -399,14 +407,15 @@ def main(argv: list[str]) -> int:
                            args.repeats, args.quantization))
             rows = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes), 128, args.new_tokens or 64,
                                 args.repeats, methods=tuple(methods), draft=args.draft, medusa=medusa,
-                                eagle=eagle) if args.batch_sizes else []
+                                eagle=eagle, confidence_threshold=args.confidence_threshold) if args.batch_sizes else []
         else:
             from inferlab.model.chat import Chat
 
             params = Chat(tok).sampling_params(SamplingParams(temperature=0, max_tokens=args.new_tokens or 128))
             rows = engine_table(model, tok, tuple(args.k), tuple(args.batch_sizes or [1]), 128, args.new_tokens or 128,
                                 args.repeats, methods=tuple(methods), draft=args.draft, medusa=medusa, eagle=eagle,
-                                prompts=chat_prompts(tok, name, args.prompts), params=params)
+                                prompts=chat_prompts(tok, name, args.prompts), params=params,
+                                confidence_threshold=args.confidence_threshold)
         for r in rows:
             r["prompt_set"] = name
         res["engine"] += rows

@@ -107,3 +107,17 @@ def test_goal_verdict_names_the_best_allowed_method():
     free = spec.goal_verdict(rows, "free")  # n-gram does not count there, nor batch 4
     assert free["method"] == "eagle" and not free["met"] and free["needed_alpha"] > free["alpha"]
     assert abs(free["delivered_share_of_prediction"] - 0.8) < 1e-9
+
+
+def test_engine_table_passes_its_confidence_threshold_to_the_model_proposers():
+    """A threshold reaches the draft (fewer, likelier guesses: a higher share kept), never prompt lookup."""
+    from inferlab.model.loader import load_checkpoint
+
+    model, tok = load_checkpoint("target", device="cpu")
+    rows = {t: spec.engine_table(model, tok, ks=(3,), batch_sizes=(1,), prompt_tokens=32, new_tokens=16, repeats=1,
+                                 methods=("ngram", "draft"), module_costs=False, confidence_threshold=t)
+            for t in (0.0, 0.5)}
+    (ngram0, draft0), (ngram1, draft1) = rows[0.0], rows[0.5]
+    assert (ngram1["confidence_threshold"], draft1["confidence_threshold"]) == (0.0, 0.5)
+    assert ngram1["acceptance_rate"] == ngram0["acceptance_rate"]
+    assert draft1["acceptance_rate"] > draft0["acceptance_rate"] and draft1["outputs_identical"] is True
