@@ -22,8 +22,7 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput
-from inferlab.engine.proposer import Proposer, cut_chain
-from inferlab.sampling import probs_from_logits
+from inferlab.engine.proposer import Proposer, draw_guess
 
 
 class DraftProposer(Proposer):
@@ -62,15 +61,11 @@ class DraftProposer(Proposer):
             live = [j for j in need if step < len(out.scheduled[j].spec_token_ids)]
             for j in live:
                 s = out.scheduled[j]
-                q = probs_from_logits(rows[j], s.seq.params)
-                tok = int(q.argmax()) if s.seq.params.greedy else \
-                    int(torch.multinomial(q, 1, generator=s.seq.generator))
-                if self.confidence_threshold > 0:
-                    going = cut_chain(sure[j], rows[j], q, tok, s.seq.params.greedy, self.confidence_threshold)
-                    if going is None:  # not worth its row: the chain stops here
-                        s.keep_guesses(step)
-                        continue
-                    sure[j], q = going
+                guess = draw_guess(rows[j], s.seq, sure[j], self.confidence_threshold)
+                if guess is None:  # not worth its row: the chain stops here
+                    s.keep_guesses(step)
+                    continue
+                tok, q, sure[j] = guess
                 s.spec_token_ids[step] = tok  # the sequence's own list: guesses live there
                 qs[j].append(q)
             feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]

@@ -28,8 +28,7 @@ import torch
 
 from inferlab.cache.paged import PagedKVCache
 from inferlab.engine.model_runner import ModelRunner, SeqInput, batch_order, query_start_loc
-from inferlab.engine.proposer import Proposer, cut_chain
-from inferlab.sampling import probs_from_logits
+from inferlab.engine.proposer import Proposer, draw_guess
 from inferlab.quant.quantize import quantize_like_target
 from inferlab.spec.eagle import last_layer_features, load_eagle
 
@@ -107,15 +106,11 @@ class EagleProposer(Proposer):
             logits = self.draft.logits(torch.stack([rows[j] for j in live]))  # [live, draft vocab]
             for j, row in zip(live, logits):
                 s = out.scheduled[j]
-                q_small = probs_from_logits(row, s.seq.params)
-                pick = int(q_small.argmax()) if s.seq.params.greedy else \
-                    int(torch.multinomial(q_small, 1, generator=s.seq.generator))
-                if self.confidence_threshold > 0:
-                    going = cut_chain(sure[j], row, q_small, pick, s.seq.params.greedy, self.confidence_threshold)
-                    if going is None:  # not worth its row: the chain stops here
-                        s.keep_guesses(step)
-                        continue
-                    sure[j], q_small = going
+                guess = draw_guess(row, s.seq, sure[j], self.confidence_threshold)
+                if guess is None:  # not worth its row: the chain stops here
+                    s.keep_guesses(step)
+                    continue
+                pick, q_small, sure[j] = guess
                 s.spec_token_ids[step] = int(d2t[pick])  # the sequence's own list: guesses live there
                 qs[j].append(torch.zeros(vocab, dtype=q_small.dtype, device=q_small.device).index_copy_(0, d2t, q_small))
             feed = [j for j in live if step + 1 < len(out.scheduled[j].spec_token_ids)]

@@ -54,10 +54,13 @@ class MedusaProposer(Proposer):
         if not keep:
             return
         rows = torch.tensor([starts[j] + len(emitted[j]) - 1 for j in keep], device=hidden.device)
-        guesses, probs = self.heads.propose(hidden[rows], self.target.lm_head, self.k, with_probs=True)
-        # the chain's confidence after each guess (cut_chain's product, for all at once): it
-        # only falls along the chain, so the guesses above the threshold are a prefix
-        sure = probs.double().cumprod(-1) >= self.confidence_threshold
-        for j, g, n in zip(keep, guesses.tolist(), sure.sum(-1).tolist()):
+        if self.confidence_threshold > 0:
+            guesses, probs = self.heads.propose(hidden[rows], self.target.lm_head, self.k, with_probs=True)
+            # the chain's confidence after each guess (cut_chain's product, for all at once): it
+            # only falls along the chain, so the guesses it keeps are a prefix
+            lengths = (probs.double().cumprod(-1) >= self.confidence_threshold).sum(-1).tolist()
+        else:
+            guesses, lengths = self.heads.propose(hidden[rows], self.target.lm_head, self.k), [self.k] * len(keep)
+        for j, g, n in zip(keep, guesses.tolist(), lengths):
             seq = out.scheduled[j].seq
             self.guesses[seq.seq_id] = (seq.num_tokens, g[:n])

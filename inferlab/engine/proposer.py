@@ -30,6 +30,8 @@ import abc
 
 import torch
 
+from inferlab.sampling import probs_from_logits
+
 
 class Proposer(abc.ABC):
     needs_hidden = False  # True: the engine captures the forward's last hidden states for observe
@@ -85,6 +87,22 @@ def cut_chain(sure: float, logits: torch.Tensor, q: torch.Tensor, token: int, gr
         q = torch.where(conf >= threshold, q, 0.0)
         q = q / q.sum()
     return float(conf[token]), q
+
+
+def draw_guess(logits: torch.Tensor, seq, sure: float, threshold: float) -> tuple[int, torch.Tensor, float] | None:
+    """A model proposer's next guess for ``seq`` from its ``logits``: the argmax for a greedy
+    request, else a draw from q (the request's own distribution, with its generator). Returns the
+    token, the q to verify it with and the chain's new estimate (``cut_chain``), or None where the
+    threshold stops the chain."""
+    greedy = seq.params.greedy
+    q = probs_from_logits(logits, seq.params)
+    token = int(q.argmax()) if greedy else int(torch.multinomial(q, 1, generator=seq.generator))
+    if threshold > 0:
+        going = cut_chain(sure, logits, q, token, greedy, threshold)
+        if going is None:
+            return None
+        sure, q = going
+    return token, q, sure
 
 
 class PromptLookupProposer(Proposer):

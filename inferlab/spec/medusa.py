@@ -76,7 +76,7 @@ class MedusaHeads(nn.Module):
         if self.guess_vocab is None:
             logits = self(hidden, lm_head, k)  # [k, B, V]
             best = logits.argmax(-1).T
-            return (best, _top_probs(logits).T) if with_probs else best
+            return (best, logits.softmax(-1).amax(-1).T) if with_probs else best
         weight = lm_head.weight if isinstance(getattr(lm_head, "weight", None), torch.Tensor) else None
         key = weight.data_ptr() if weight is not None else id(lm_head)
         if self._rows is None or self._rows[0] != key:  # gathered once per head weight
@@ -92,13 +92,7 @@ class MedusaHeads(nn.Module):
         logits = F.linear(h, rows) if isinstance(rows, torch.Tensor) else rows(h)
         best = logits.argmax(-1).view(k, n).T  # [n, k]
         guesses = self.guess_vocab[best]
-        return (guesses, _top_probs(logits).view(k, n).T) if with_probs else guesses
-
-
-def _top_probs(logits: torch.Tensor) -> torch.Tensor:
-    """The softmax's largest probability along the last axis: 1 / sum(exp(logits - max))."""
-    top = logits.float().max(-1, keepdim=True).values
-    return 1.0 / (logits.float() - top).exp().sum(-1)
+        return (guesses, logits.float().softmax(-1).amax(-1).view(k, n).T) if with_probs else guesses
 
 
 # ---------------------------------------------------------------- the folder beside the target
