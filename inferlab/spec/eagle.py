@@ -40,7 +40,7 @@ from inferlab.attention import AttentionMetadata, PagedAttentionMetadata, attent
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
 from inferlab.model.config import ModelConfig
-from inferlab.model.linear import default_linear
+from inferlab.model.linear import Linear, default_linear
 from inferlab.model import decode_layers
 from inferlab.model.llama import STOCK, DecoderLayer, RMSNorm
 from inferlab.model.rope import rope_cos_sin, rope_inv_freq
@@ -54,10 +54,10 @@ class EagleDraft(nn.Module):
         super().__init__()
         self.config = dataclasses.replace(target_config, num_hidden_layers=1, num_local_experts=0)
         h = self.config.hidden_size
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = Linear(2 * h, h, bias=True)  # on a CPU the f32 loop, as the target's linears: MKL's GEMV reads at half its speed
         self.layer = DecoderLayer(self.config, 0, default_linear)
         self.norm = RMSNorm(h, self.config.rms_norm_eps)
-        self.lm_head = nn.Linear(h, len(d2t), bias=False)
+        self.lm_head = Linear(h, len(d2t), bias=False)
         self.register_buffer("d2t", d2t.long().clone())  # draft id -> target id
         inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)

@@ -31,6 +31,7 @@ from torch import nn
 
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
+from inferlab.model.linear import Linear
 from inferlab.model.loader import ASSETS
 
 
@@ -39,7 +40,7 @@ class ResBlock(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.linear = Linear(hidden_size, hidden_size)  # on a CPU the f32 loop, as the target's linears
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
@@ -85,14 +86,23 @@ class MedusaHeads(nn.Module):
             if weight is None:  # the target reads its head in Q8_0: so do these rows (a quarter of fp32's bytes)
                 from inferlab.quant.ggml import GGMLLinear
                 rows = GGMLLinear.from_weight(rows, "q8_0")
+            else:  # float rows through the target's f32 loop
+                rows = _rows_module(rows)
             self._rows = (key, rows)
         n, rows = hidden.shape[0], self._rows[1]
         # every head's block first, then one product over the rows for all k of them: the rows are read once
         h = torch.cat([block(hidden) for block in self.blocks[:k]])  # [k n, H]
-        logits = F.linear(h, rows) if isinstance(rows, torch.Tensor) else rows(h)
+        logits = rows(h)
         best = logits.argmax(-1).view(k, n).T  # [n, k]
         guesses = self.guess_vocab[best]
         return (guesses, logits.float().softmax(-1).amax(-1).view(k, n).T) if with_probs else guesses
+
+
+def _rows_module(rows: torch.Tensor) -> nn.Module:
+    """The gathered rows [n, H] as a bias-free linear of their own (not a parameter of the heads)."""
+    lin = Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    lin.weight = nn.Parameter(rows, requires_grad=False)
+    return lin
 
 
 # ---------------------------------------------------------------- the folder beside the target
