@@ -24,8 +24,13 @@ class Linear(nn.Linear):
     and gives each row the same bits whatever rows share the call; a GPU and training run ``F.linear``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = (_f32_linear or _load_f32_linear())(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias) if y is None else y
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` through the f32 loop where it runs (float32 on a CPU, no autograd), else ``F.linear``."""
+    y = (_f32_linear or _load_f32_linear())(x, weight, bias)
+    return F.linear(x, weight, bias) if y is None else y
 
 
 _f32_linear = None

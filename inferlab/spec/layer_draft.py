@@ -27,11 +27,11 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from inferlab.errors import InferlabError
+from inferlab.model.linear import linear
 from inferlab.model.llama import CausalLM
 from inferlab.folders import atomic_folder
 from inferlab.model.loader import ASSETS
@@ -58,7 +58,7 @@ class SubsetHead(nn.Module):
     def sub_logits(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None and not torch.is_grad_enabled():
             return self.quantized(x.float()).to(x.dtype)
-        return F.linear(x, self.rows.to(x.dtype))
+        return linear(x, self.rows.to(x.dtype))  # on a CPU the f32 loop, as the target's head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = x.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))
