@@ -31,7 +31,7 @@ from torch import nn
 
 from inferlab.errors import InferlabError
 from inferlab.folders import atomic_folder
-from inferlab.model.linear import Linear
+from inferlab.model.linear import Linear, linear
 from inferlab.model.loader import ASSETS
 
 
@@ -86,23 +86,14 @@ class MedusaHeads(nn.Module):
             if weight is None:  # the target reads its head in Q8_0: so do these rows (a quarter of fp32's bytes)
                 from inferlab.quant.ggml import GGMLLinear
                 rows = GGMLLinear.from_weight(rows, "q8_0")
-            else:  # float rows through the target's f32 loop
-                rows = _rows_module(rows)
             self._rows = (key, rows)
         n, rows = hidden.shape[0], self._rows[1]
         # every head's block first, then one product over the rows for all k of them: the rows are read once
         h = torch.cat([block(hidden) for block in self.blocks[:k]])  # [k n, H]
-        logits = rows(h)
+        logits = linear(h, rows) if isinstance(rows, torch.Tensor) else rows(h)  # float rows: the f32 loop on a CPU
         best = logits.argmax(-1).view(k, n).T  # [n, k]
         guesses = self.guess_vocab[best]
         return (guesses, logits.float().softmax(-1).amax(-1).view(k, n).T) if with_probs else guesses
-
-
-def _rows_module(rows: torch.Tensor) -> nn.Module:
-    """The gathered rows [n, H] as a bias-free linear of their own (not a parameter of the heads)."""
-    lin = Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
-    lin.weight = nn.Parameter(rows, requires_grad=False)
-    return lin
 
 
 # ---------------------------------------------------------------- the folder beside the target
