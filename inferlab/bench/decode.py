@@ -206,7 +206,8 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
             why = ("llama-cpp-python is not installed" if "llama.cpp" in (c1, c2) and importlib.util.find_spec(
                 "llama_cpp") is None else "not measured in this run (--model/--precisions)")
         goals.append({"model": model, "goal": what, "measured": None if ratio is None else round(ratio, 2),
-                      "met": None if ratio is None else ratio >= need, "why_not_measured": why})
+                      "met": None if ratio is None else ratio >= need, "why_not_measured": why,
+                      "why_missed": why_missed(rows, model, p1, c1, p2, c2, need) if ratio is not None and ratio < need else None})
     out = {"threads": torch.get_num_threads(), "new_tokens": new_tokens, "repeats": repeats,
            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "rows": rows, "goals": goals}
     first = next((r for r in rows if r["precision"] == "fp32" and "skipped" not in r), None)
@@ -217,6 +218,29 @@ def run(models=MODELS, precisions=PRECISIONS, new_tokens: int = 64, repeats: int
                    contiguous_tokens_per_s=first["contiguous_tokens_per_s"],
                    engine_over_contiguous_tokens_per_s=round(first["engine_tokens_per_s"] / first["contiguous_tokens_per_s"], 3))
     return out
+
+
+def why_missed(rows, model, p1, c1, p2, c2, need) -> str | None:
+    """Where a format misses its speed-up over another in the same engine, what the bytes allow: a
+    decode step reads every weight once, so at equal use of the memory's bandwidth the speed-up is
+    the ratio of the bytes a token reads; each format's share of the bandwidth says how far it is
+    from that, and a quantized head (``<format>+head``, where measured) what the float head costs."""
+    if c1 != "engine" or c2 != "engine":
+        return None
+    r1, r2 = _row(rows, model, p1), _row(rows, model, p2)
+    bound = r2["weight_mb"] / r1["weight_mb"]
+    text = (f"the weights allow {bound:.2f}x ({r2['weight_mb']} MB a token against {r1['weight_mb']}), "
+            + ("below the goal even at equal bandwidth; " if bound < need else "")
+            + f"{p1} reads at {r1['bandwidth_fraction']:.0%} of the copy bandwidth, {p2} at {r2['bandwidth_fraction']:.0%}")
+    headed = rates_of(rows, model, f"{p1}+head", "engine")
+    if headed is not None:
+        text += (f"; with the head quantized too ({p1}+head, {_row(rows, model, p1 + '+head')['weight_mb']} MB): "
+                 f"{headed / rates_of(rows, model, p2, 'engine'):.2f}x")
+    return text
+
+
+def _row(rows, model, precision) -> dict:
+    return next(r for r in rows if r["model"] == model and r["precision"] == precision and "skipped" not in r)
 
 
 def rates_of(rows, model, precision, column):
@@ -277,5 +301,6 @@ def main(argv: list[str]) -> int:
         print(f"{label:<20}{row['precision']:<6}{row['weight_mb']:>7}{cells}{row['bandwidth_fraction']:>8.0%}")
     for g in r["goals"]:
         state = f"n/a ({g['why_not_measured']})" if g["met"] is None else ("met" if g["met"] else "missed")
-        print(f"goal {g['model']}: {g['goal']}: {g['measured'] if g['measured'] is not None else '-'} {state}")
+        print(f"goal {g['model']}: {g['goal']}: {g['measured'] if g['measured'] is not None else '-'} {state}"
+              + (f" ({g['why_missed']})" if g.get("why_missed") else ""))
     return 0

@@ -33,3 +33,20 @@ def test_bench_decode_sampler_reports_each_setting_against_greedy(capsys):
     for k, v in data["cost_vs_greedy"].items():
         assert abs(v - rates["greedy"] / rates[k]) < 0.01 * v + 0.01
     assert data["met"] == (max(data["cost_vs_greedy"].values()) <= 1.3)
+
+
+def test_a_missed_speedup_over_fp32_says_what_the_bytes_allow():
+    """The int4 >= 3x fp32 goal, missed, names the bound the bytes set (fp32's MB over int4's), each
+    format's share of the bandwidth, and the speed-up with the head quantized too where measured."""
+    from inferlab.bench.decode import why_missed
+
+    rows = [{"model": "m", "precision": "fp32", "weight_mb": 513.1, "engine_tokens_per_s": 68.4, "bandwidth_fraction": 0.47},
+            {"model": "m", "precision": "int4", "weight_mb": 162.9, "engine_tokens_per_s": 178.0, "bandwidth_fraction": 0.39},
+            {"model": "m", "precision": "int4+head", "weight_mb": 82.0, "engine_tokens_per_s": 300.5, "bandwidth_fraction": 0.33}]
+    text = why_missed(rows, "m", "int4", "engine", "fp32", "engine", 3.0)
+    assert "allow 3.15x" in text and "513.1 MB" in text and "int4 reads at 39%" in text and "fp32 at 47%" in text
+    assert "with the head quantized too (int4+head, 82.0 MB): 4.39x" in text
+    assert "below the goal" not in text
+    assert "below the goal even at equal bandwidth" in why_missed(rows, "m", "int4", "engine", "fp32", "engine", 3.5)
+    assert "head quantized" not in why_missed(rows[:2], "m", "int4", "engine", "fp32", "engine", 3.0)
+    assert why_missed(rows, "m", "int4", "engine", "fp32", "llama.cpp", 3.0) is None
