@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from inferlab.bench.stats import best_times
 from inferlab.corpus import load_corpus
 from inferlab.engine.config import EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
@@ -84,27 +85,51 @@ def chat_prompts(tokenizer, name: str, n: int | None = None) -> list[list[int]]:
     return [chat.prompt([{"role": "user", "content": text}])[1] for text in sets[name][:n]]
 
 
-def _forward_cost(model, tokens: int, context: int, repeats: int = 20, batch: int = 1) -> float:
-    """Best time of one forward of ``tokens`` new tokens for each of ``batch`` sequences over
-    ``context`` cached ones (a verify step of the batch when tokens = k + 1, a decode when 1)."""
+def forward_step(model, tokens: int, context: int, batch: int = 1):
+    """One forward of ``tokens`` new tokens for each of ``batch`` sequences over ``context`` cached
+    ones (a verify step of the batch when tokens = k + 1, a decode when 1), as a function to time:
+    the context is prefilled here, and each call writes the same positions again."""
     from inferlab.attention import AttentionMetadata
     from inferlab.cache import ContiguousKVCache
 
     cache = ContiguousKVCache.for_model(model.config, batch, context + tokens, model.dtype, model.device)
 
-    def forward(n: int, start: int):
+    @torch.inference_mode()
+    def forward(n: int = tokens, start: int = context):
         ids = torch.ones(batch, n, dtype=torch.long, device=model.device)
         pos = torch.arange(start, start + n, device=model.device)[None].expand(batch, n)
         return model(ids, AttentionMetadata(positions=pos, kv_cache=cache, cache_start=start), last_only=True)
 
-    with torch.inference_mode():
-        forward(context, 0)
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            forward(tokens, context)
-            best = min(best, time.perf_counter() - t)
-    return best
+    forward(context, 0)
+    return forward
+
+
+def heads_step(model, heads, k: int, batch: int = 1):
+    """The k Medusa heads on ``batch`` hidden states, as a function to time (Medusa's c is its time / k)."""
+    h = torch.zeros(batch, model.config.hidden_size, dtype=model.dtype, device=model.device)
+    return lambda: heads.propose(h, model.lm_head, k)
+
+
+def costs(model, context: int, ks, repeats: int, batch: int = 1, draft=None, eagle=None, heads=None,
+          medusa_ks=()) -> dict:
+    """Leviathan's c and v measured off the engine, against one decode step of the target: a verify
+    of k + 1 rows for each k (``("verify", k)``), a draft model's forward (``"draft"``), an EAGLE
+    drafting pass (``"eagle"``), Medusa's heads per guess (``("medusa", k)``). Every forward is timed
+    in turn with the others, best of ``repeats`` each (``stats.best_times``)."""
+    from inferlab.spec.eagle import drafting_step
+
+    fns = {"one": forward_step(model, 1, context, batch)}
+    fns.update({("verify", k): forward_step(model, k + 1, context, batch) for k in ks})
+    if draft is not None:
+        fns["draft"] = forward_step(draft, 1, context, batch)
+    if eagle is not None:
+        fns["eagle"] = drafting_step(eagle, model, context, batch)
+    if heads is not None:
+        fns.update({("medusa", k): heads_step(model, heads, k, batch) for k in medusa_ks})
+    t = best_times(fns, repeats)
+    out = {name: t[name] / t["one"] for name in fns if name != "one"}
+    out.update({name: out[name] / name[1] for name in out if name[0] == "medusa"})  # per guess
+    return out
 
 
 def medusa_heads(target: str, model):
@@ -113,17 +138,6 @@ def medusa_heads(target: str, model):
         return load_heads(heads_folder_for(target), model.config.hidden_size), None
     except InferlabError as exc:
         return None, str(exc)
-
-
-def _heads_cost(model, heads, k: int, repeats: int = 20, batch: int = 1) -> float:
-    """Best time of the k heads on ``batch`` hidden states, per head (Medusa's c: one head per guess)."""
-    h = torch.zeros(batch, model.config.hidden_size, dtype=model.dtype, device=model.device)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        heads.propose(h, model.lm_head, k)
-        best = min(best, time.perf_counter() - t)
-    return best / k
 
 
 def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: int = 4,
@@ -162,8 +176,8 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
             if dt < best.get((name, k), float("inf")):
                 best[(name, k)] = dt
                 results[(name, k)] = (outs, stats)
-    one = _forward_cost(tmodel, 1, prompt_tokens)
-    c_draft = _forward_cost(dmodel, 1, prompt_tokens) / one
+    cost = costs(tmodel, prompt_tokens, ks, 20, draft=dmodel, heads=heads,
+                 medusa_ks=[k for name, k, _ in methods if name == "medusa"])
     total_new = new_tokens * len(prompts)
     rows = []
     for name, k, _ in methods:
@@ -171,8 +185,8 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
         proposed, accepted = sum(s.proposed for s in stats), sum(s.accepted for s in stats)
         a = accepted / max(proposed, 1)
         # prompt lookup's cost is a few array scans; Medusa's, one residual block and lm_head per guess
-        c = c_draft if name == "draft" else _heads_cost(tmodel, heads, k) / one if name == "medusa" else 0.0
-        v = _forward_cost(tmodel, k + 1, prompt_tokens) / one
+        c = cost["draft"] if name == "draft" else cost[("medusa", k)] if name == "medusa" else 0.0
+        v = cost[("verify", k)]
         length = sum(s.emitted for s in stats) / max(sum(s.steps for s in stats), 1)
         alpha = alpha_from_tokens_per_step(length, k)  # Leviathan's per-position a, not accepted / proposed
         rows.append({"method": name, "num_speculative_tokens": k,
@@ -227,7 +241,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     from inferlab.bench.step_profile import engine_terms
     from inferlab.model.packing import pack_projections
     from inferlab.quant.quantize import quantize_like_target
-    from inferlab.spec.eagle import drafting_cost, load_eagle
+    from inferlab.spec.eagle import load_eagle
 
     pack_projections(model)  # the engine LLM runs: q/k/v and gate/up as one product each
     runs = [(m, k) for m in methods for k in ks if m != "medusa" or k <= medusa[1]]
@@ -265,10 +279,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
         reps = max(3, 20 // width)  # best of: a larger batch's forward is long enough to time in fewer
         if module_costs:
-            one = _forward_cost(model, 1, prompt_tokens, reps, batch=width)
-            draft_c = _forward_cost(dmodel, 1, prompt_tokens, reps, batch=width) / one if dmodel is not None else 0.0
-            eagle_c = drafting_cost(edraft, model, prompt_tokens, batch=width, repeats=reps) if edraft is not None else 0.0
-            verify = {k: _forward_cost(model, k + 1, prompt_tokens, reps, batch=width) / one for k in dict.fromkeys(ks)}
+            cost_of = costs(model, prompt_tokens, dict.fromkeys(ks), reps, batch=width, draft=dmodel, eagle=edraft,
+                            heads=heads, medusa_ks=dict.fromkeys(k for m, k in runs if m == "medusa"))
         for method, k in runs:
             dt, outs, c, prof = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
@@ -281,10 +293,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
             f = drafts / max(drafts + plain_steps, 1)
             cost = v = None
             if module_costs:
-                cost = {"ngram": 0.0, "draft": draft_c, "eagle": eagle_c}.get(method)
-                if cost is None:  # medusa
-                    cost = _heads_cost(model, heads, k, reps, batch=width) / one
-                v = verify[k]
+                cost = 0.0 if method == "ngram" else cost_of[(method, k) if method == "medusa" else method]
+                v = cost_of[("verify", k)]
             rows.append({"batch_size": width, "method": method, "num_speculative_tokens": k,
                          "confidence_threshold": confidence_threshold if method != "ngram" else 0.0,
                          "baseline_tokens_per_s": emitted / plain_s,

@@ -20,6 +20,22 @@ def best_time(fn, repeats: int, warmup: bool = False) -> float:
     return best
 
 
+def best_times(fns: dict, repeats: int, warmup: bool = True) -> dict:
+    """The shortest of ``repeats`` timed calls of each of ``fns`` ({name: fn}), called in turn, one
+    of each a round: a ratio of two of them then compares calls made under the same load, where
+    timing one fn's calls and then the other's lets a burst of other work land on one side only."""
+    if warmup:
+        for fn in fns.values():
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """The q-th percentile (0-100), linear between ranks as numpy's default; None when empty."""
     if not values:

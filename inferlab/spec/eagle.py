@@ -119,32 +119,33 @@ def last_layer_features(target):
     return sinks() if sinks is not None else capture_output(target.model.layers[-1])
 
 
-def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:
-    """EAGLE's c: one drafting pass (``batch`` rows of the layer over a cached context, then the
-    head) over one target decode step of ``batch`` sequences, both on the contiguous cache, the
-    best of ``repeats`` each, timed in the same process."""
-    from inferlab.bench.stats import best_time
+def drafting_step(draft: EagleDraft, target, context: int = 128, batch: int = 1):
+    """One drafting pass (``batch`` rows of the layer over a cached context of ``context`` positions,
+    then the head), on the contiguous cache, as a function to time."""
     from inferlab.cache import ContiguousKVCache
-
-    def best(fn):
-        return best_time(fn, repeats, warmup=True)
 
     h, dev, dt = target.config.hidden_size, target.device, target.dtype
     full = torch.arange(context, device=dev)[None].expand(batch, context)
     pos = torch.full((batch, 1), context, device=dev)
     with torch.inference_mode():
-        tc = ContiguousKVCache.for_model(target.config, batch, context + 1, dt, dev)
-        target(torch.ones(batch, context, dtype=torch.long, device=dev), AttentionMetadata(positions=full, kv_cache=tc))
-        one = best(lambda: target(torch.ones(batch, 1, dtype=torch.long, device=dev),
-                                  AttentionMetadata(positions=pos, kv_cache=tc, cache_start=context)))
         dc = ContiguousKVCache.for_model(draft.config, batch, context + 1, dt, dev)
         zeros = torch.zeros(batch, context, h, dtype=dt, device=dev)
         draft(zeros, zeros, AttentionMetadata(positions=full, kv_cache=dc))
         e = target.model.embed_tokens(torch.ones(batch, 1, dtype=torch.long, device=dev))
         f = torch.zeros(batch, 1, h, dtype=dt, device=dev)
-        drafting = best(lambda: draft.logits(draft(e, f, AttentionMetadata(positions=pos, kv_cache=dc,
-                                                                            cache_start=context))).argmax(-1))
-    return drafting / one
+
+    @torch.inference_mode()
+    def drafting():
+        return draft.logits(draft(e, f, AttentionMetadata(positions=pos, kv_cache=dc, cache_start=context))).argmax(-1)
+
+    return drafting
+
+
+def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:
+    """EAGLE's c: one drafting pass over one target decode step of ``batch`` sequences, both on the
+    contiguous cache, timed in turn, best of ``repeats`` each."""
+    from inferlab.bench.spec import costs
+    return costs(target, context, (), repeats, batch, eagle=draft)["eagle"]
 
 
 # ---------------------------------------------------------------- the folder that ships it

@@ -50,3 +50,23 @@ def test_a_missed_speedup_over_fp32_says_what_the_bytes_allow():
     assert "below the goal even at equal bandwidth" in why_missed(rows, "m", "int4", "engine", "fp32", "engine", 3.5)
     assert "head quantized" not in why_missed(rows[:2], "m", "int4", "engine", "fp32", "engine", 3.0)
     assert why_missed(rows, "m", "int4", "engine", "fp32", "llama.cpp", 3.0) is None
+
+
+def test_best_times_takes_its_functions_in_turn_and_keeps_each_ones_best(monkeypatch):
+    """Costs compared as ratios are timed one call of each a round (a burst of other work then lands on
+    both sides of a ratio), after one warm-up call each, and each keeps its shortest call."""
+    from inferlab.bench import stats
+
+    now, calls = [0.0], []
+    durations = {"a": iter([9, 5, 3, 4]), "b": iter([9, 2, 6, 1])}  # the warm-up call, then 3 rounds
+
+    def fn(name):
+        def call():
+            calls.append(name)
+            now[0] += next(durations[name])
+        return call
+
+    monkeypatch.setattr(stats.time, "perf_counter", lambda: now[0])
+    best = stats.best_times({"a": fn("a"), "b": fn("b")}, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert best == {"a": 3, "b": 1}
