@@ -143,9 +143,24 @@ def drafting_step(draft: EagleDraft, target, context: int = 128, batch: int = 1)
 
 def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:
     """EAGLE's c: one drafting pass over one target decode step of ``batch`` sequences, both on the
-    contiguous cache, timed in turn, best of ``repeats`` each."""
-    from inferlab.bench.spec import costs
-    return costs(target, context, (), repeats, batch, eagle=draft)["eagle"]
+    contiguous cache, timed in turn (``bench.stats.best_times``), best of ``repeats`` each."""
+    from inferlab.bench.stats import best_times
+    from inferlab.cache import ContiguousKVCache
+
+    dev, dt = target.device, target.dtype
+    full = torch.arange(context, device=dev)[None].expand(batch, context)
+    pos = torch.full((batch, 1), context, device=dev)
+    with torch.inference_mode():
+        tc = ContiguousKVCache.for_model(target.config, batch, context + 1, dt, dev)
+        target(torch.ones(batch, context, dtype=torch.long, device=dev), AttentionMetadata(positions=full, kv_cache=tc))
+
+    @torch.inference_mode()
+    def step():
+        return target(torch.ones(batch, 1, dtype=torch.long, device=dev),
+                      AttentionMetadata(positions=pos, kv_cache=tc, cache_start=context))
+
+    t = best_times({"one": step, "drafting": drafting_step(draft, target, context, batch)}, repeats)
+    return t["drafting"] / t["one"]
 
 
 # ---------------------------------------------------------------- the folder that ships it
