@@ -128,7 +128,7 @@ def costs(model, context: int, ks, repeats: int, batch: int = 1, draft=None, eag
         fns.update({("medusa", k): heads_step(model, heads, k, batch) for k in medusa_ks})
     t = best_times(fns, repeats)
     out = {name: t[name] / t["one"] for name in fns if name != "one"}
-    out.update({name: out[name] / name[1] for name in out if name[0] == "medusa"})  # per guess
+    out.update({("medusa", k): out[("medusa", k)] / k for k in medusa_ks if heads is not None})  # per guess
     return out
 
 

@@ -121,7 +121,8 @@ def last_layer_features(target):
 
 def drafting_step(draft: EagleDraft, target, context: int = 128, batch: int = 1):
     """One drafting pass (``batch`` rows of the layer over a cached context of ``context`` positions,
-    then the head), on the contiguous cache, as a function to time."""
+    then the head), on the contiguous cache, as a function to time: ``bench.spec.costs`` times it in
+    turn with the target's decode step for EAGLE's c."""
     from inferlab.cache import ContiguousKVCache
 
     h, dev, dt = target.config.hidden_size, target.device, target.dtype
@@ -139,28 +140,6 @@ def drafting_step(draft: EagleDraft, target, context: int = 128, batch: int = 1)
         return draft.logits(draft(e, f, AttentionMetadata(positions=pos, kv_cache=dc, cache_start=context))).argmax(-1)
 
     return drafting
-
-
-def drafting_cost(draft: EagleDraft, target, context: int = 128, batch: int = 1, repeats: int = 20) -> float:
-    """EAGLE's c: one drafting pass over one target decode step of ``batch`` sequences, both on the
-    contiguous cache, timed in turn (``bench.stats.best_times``), best of ``repeats`` each."""
-    from inferlab.bench.stats import best_times
-    from inferlab.cache import ContiguousKVCache
-
-    dev, dt = target.device, target.dtype
-    full = torch.arange(context, device=dev)[None].expand(batch, context)
-    pos = torch.full((batch, 1), context, device=dev)
-    with torch.inference_mode():
-        tc = ContiguousKVCache.for_model(target.config, batch, context + 1, dt, dev)
-        target(torch.ones(batch, context, dtype=torch.long, device=dev), AttentionMetadata(positions=full, kv_cache=tc))
-
-    @torch.inference_mode()
-    def step():
-        return target(torch.ones(batch, 1, dtype=torch.long, device=dev),
-                      AttentionMetadata(positions=pos, kv_cache=tc, cache_start=context))
-
-    t = best_times({"one": step, "drafting": drafting_step(draft, target, context, batch)}, repeats)
-    return t["drafting"] / t["one"]
 
 
 # ---------------------------------------------------------------- the folder that ships it

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from inferlab.cli import add_quantization_argument
 from inferlab.errors import InferlabError
-from inferlab.spec.eagle import EagleDraft, drafting_cost, eagle_folder_for, last_layer_features, save_eagle
+from inferlab.spec.eagle import EagleDraft, eagle_folder_for, last_layer_features, save_eagle
 
 log = logging.getLogger("inferlab.eagle")
 
@@ -437,6 +437,7 @@ def main(argv: list[str]) -> int:
         raise InferlabError("--prompts must be >= 20, and --max-tokens, --draft-vocab, --steps, --batch-size >= 1")
     if not 0 <= args.magpie <= 1:
         raise InferlabError(f"--magpie is a share of the prompts, between 0 and 1: got {args.magpie}")
+    from inferlab.bench.spec import costs
     from inferlab.llm import LLM, load_model
 
     run_dir = Path(args.run_dir)
@@ -480,7 +481,7 @@ def main(argv: list[str]) -> int:
                "train_tokens": sum(len(r["answer_ids"]) for r in train_s), "steps": args.steps,
                "batch_size": args.batch_size, "lr": args.lr, "ce_weight": args.ce_weight, "seed": args.seed,
                "max_tokens": args.max_tokens, "magpie": args.magpie, "quantization": args.quantization, "seconds": {k: round(v, 1) for k, v in seconds.items()},
-               "held_out": held_out, "draft_cost_ratio": round(drafting_cost(draft, target), 4),
+               "held_out": held_out, "draft_cost_ratio": round(costs(target, 128, (), 20, eagle=draft)["eagle"], 4),
                "threads": torch.get_num_threads(), "command": " ".join(["inferlab train eagle", *argv])}
     print(json.dumps(summary))
     if not args.no_ship:
