@@ -85,10 +85,45 @@ def chat_prompts(tokenizer, name: str, n: int | None = None) -> list[list[int]]:
     return [chat.prompt([{"role": "user", "content": text}])[1] for text in sets[name][:n]]
 
 
-def forward_step(model, tokens: int, context: int, batch: int = 1):
+class PagedPool:
+    """One paged KV cache and model runner for ``model``, as the engine keeps one: every timed
+    function of :func:`costs` takes its sequences' block tables from it. (The C decode layers'
+    plan holds the cache's address: with a cache per function, every call rebuilt the plan and a
+    step read 2x its time.)"""
+
+    def __init__(self, model, context: int, sequences: int, block_size: int = 16, dtype=None):
+        from inferlab.attention.paged import MULTI_QUERY_MAX
+        from inferlab.cache import PagedKVCache
+        from inferlab.engine.model_runner import ModelRunner
+
+        self.per_seq = -(-(context + MULTI_QUERY_MAX) // block_size)
+        self.cache = PagedKVCache.for_model(model.config, 1 + sequences * self.per_seq, block_size,
+                                            dtype or model.dtype, model.device)
+        self.runner = ModelRunner(model, self.cache)
+        self.next = 1  # block 0 stays free: padding in the block tables points there
+
+    def tables(self, batch: int) -> list[list[int]]:
+        first, self.next = self.next, self.next + batch * self.per_seq
+        if self.next > self.cache.num_blocks:
+            raise ValueError(f"the pool holds {self.cache.num_blocks} blocks: make it for more sequences")
+        return [list(range(first + i * self.per_seq, first + (i + 1) * self.per_seq)) for i in range(batch)]
+
+
+def forward_step(model, tokens: int, context: int, batch: int = 1, pool: PagedPool | None = None):
     """One forward of ``tokens`` new tokens for each of ``batch`` sequences over ``context`` cached
     ones (a verify step of the batch when tokens = k + 1, a decode when 1), as a function to time:
-    the context is prefilled here, and each call writes the same positions again."""
+    the context is prefilled here, and each call writes the same positions again.
+
+    With ``pool`` (a :class:`PagedPool` of ``model``), the engine's path: ``ModelRunner.execute``
+    over the paged cache with the logits of every new row, as a verify step runs, so the layers run
+    in one C call. Without, the module path on a contiguous cache, as the reference loop runs."""
+    if pool is not None:
+        from inferlab.engine.model_runner import SeqInput
+
+        tables = pool.tables(batch)
+        pool.runner.execute([SeqInput([1] * context, 0, t) for t in tables])
+        seqs = [SeqInput([1] * tokens, context, t) for t in tables]
+        return lambda: pool.runner.execute(seqs, num_logits=[tokens] * batch)
     from inferlab.attention import AttentionMetadata
     from inferlab.cache import ContiguousKVCache
 
@@ -104,6 +139,26 @@ def forward_step(model, tokens: int, context: int, batch: int = 1):
     return forward
 
 
+def eagle_step(eagle, model, context: int, batch: int = 1):
+    """One EAGLE drafting pass as the engine's proposer runs it (``inferlab.engine.eagle``): the
+    layer over one new row of each of ``batch`` sequences on the draft's paged cache (``context``
+    positions cached), then the draft's head and its argmax, as a function to time."""
+    from inferlab.engine.model_runner import SeqInput
+
+    pool = PagedPool(eagle, context, batch, dtype=model.dtype)
+    tables, h = pool.tables(batch), model.config.hidden_size
+
+    @torch.inference_mode()
+    def drafting(inputs: list | None = None):
+        inputs = inputs or [SeqInput([1], context, t) for t in tables]
+        ids, meta, last, _ = pool.runner.prepare(inputs)
+        feats = torch.zeros(1, ids.shape[1], h, dtype=model.dtype, device=model.device)
+        return eagle.logits(eagle(model.model.embed_tokens(ids), feats, meta)[0, last]).argmax(-1)
+
+    drafting([SeqInput([1] * context, 0, t) for t in tables])
+    return drafting
+
+
 def heads_step(model, heads, k: int, batch: int = 1):
     """The k Medusa heads on ``batch`` hidden states, as a function to time (Medusa's c is its time / k)."""
     h = torch.zeros(batch, model.config.hidden_size, dtype=model.dtype, device=model.device)
@@ -111,19 +166,31 @@ def heads_step(model, heads, k: int, batch: int = 1):
 
 
 def costs(model, context: int, ks, repeats: int, batch: int = 1, draft=None, eagle=None, heads=None,
-          medusa_ks=()) -> dict:
+          medusa_ks=(), paged: bool = True) -> dict:
     """Leviathan's c and v measured off the engine, against one decode step of the target: a verify
     of k + 1 rows for each k (``("verify", k)``), a draft model's forward (``"draft"``), an EAGLE
     drafting pass (``"eagle"``), Medusa's heads per guess (``("medusa", k)``). Every forward is timed
-    in turn with the others, best of ``repeats`` each (``stats.best_times``)."""
-    from inferlab.spec.eagle import drafting_step
+    in turn with the others, best of ``repeats`` each (``stats.best_times``).
 
-    fns = {"one": forward_step(model, 1, context, batch)}
-    fns.update({("verify", k): forward_step(model, k + 1, context, batch) for k in ks})
+    ``paged``: each forward on the engine's path (:func:`forward_step` with a pool, one per model;
+    EAGLE's pass as its proposer runs it); otherwise on the module path of the contiguous reference
+    loop. The two differ: on smollm2 as stored the module path's fixed cost per layer (a Python call
+    per operation) is 2-3x the C layers' whole step, and hides what a verify's extra rows cost (v of
+    4 rows: 1.10 there, 1.36 on the engine's path)."""
+    pools = {}
+    if paged:
+        per = 1 + len(ks)
+        pools = {"target": PagedPool(model, context, per * batch)}
+        if draft is not None:
+            pools["draft"] = PagedPool(draft, context, batch)
+    fns = {"one": forward_step(model, 1, context, batch, pools.get("target"))}
+    fns.update({("verify", k): forward_step(model, k + 1, context, batch, pools.get("target")) for k in ks})
     if draft is not None:
-        fns["draft"] = forward_step(draft, 1, context, batch)
+        fns["draft"] = forward_step(draft, 1, context, batch, pools.get("draft"))
     if eagle is not None:
-        fns["eagle"] = drafting_step(eagle, model, context, batch)
+        from inferlab.spec.eagle import drafting_step
+
+        fns["eagle"] = eagle_step(eagle, model, context, batch) if paged else drafting_step(eagle, model, context, batch)
     if heads is not None:
         fns.update({("medusa", k): heads_step(model, heads, k, batch) for k in medusa_ks})
     t = best_times(fns, repeats)
@@ -177,7 +244,7 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
                 best[(name, k)] = dt
                 results[(name, k)] = (outs, stats)
     cost = costs(tmodel, prompt_tokens, ks, 20, draft=dmodel, heads=heads,
-                 medusa_ks=[k for name, k, _ in methods if name == "medusa"])
+                 medusa_ks=[k for name, k, _ in methods if name == "medusa"], paged=False)  # the loop's own path
     total_new = new_tokens * len(prompts)
     rows = []
     for name, k, _ in methods:
@@ -231,8 +298,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
     ``eagle``: the EAGLE draft's folder, for an "eagle" method).
 
     Every row carries the formula's terms from the engine's own steps (``engine``). With
-    ``module_costs`` it also times c and v off the engine, each forward alone on the module path
-    (``draft_cost_ratio``, ``verify_cost_ratio``, ``predicted_speedup``); without, those are None
+    ``module_costs`` it also times c and v off the engine's runs, each forward on its own (as the
+    engine runs it, timed in turn: :func:`costs`) (``draft_cost_ratio``, ``verify_cost_ratio``, ``predicted_speedup``); without, those are None
     and the table takes a fraction of the time at larger batches.
 
     Without ``prompts``, batch size b runs the first b held-out code prompts at once. With

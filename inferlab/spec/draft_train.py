@@ -116,26 +116,13 @@ def train(draft, target, samples, feats, rows, steps: int, lr: float, batch_size
     return spent + time.monotonic() - t0
 
 
-def drafting_cost(draft, target, tokens: int = 64, repeats: int = 3) -> float:
-    """c: one draft forward over one new token against one target forward, both through the
-    engine's paged path at batch 1, measured in this process (best of ``repeats``)."""
-    from inferlab.cache.paged import PagedKVCache
-    from inferlab.engine.model_runner import ModelRunner, SeqInput
-
-    def per_token(model) -> float:
-        cache = PagedKVCache.for_model(model.config, 16, 16, model.dtype, model.device)
-        runner, table = ModelRunner(model, cache), list(range(16))
-        runner.execute([SeqInput(list(range(1, 33)), 0, table)])
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for i in range(tokens):
-                runner.execute([SeqInput([5], 32 + i, table)])
-            best = min(best, time.perf_counter() - t)
-        return best / tokens
+def drafting_cost(draft, target, repeats: int = 20) -> float:
+    """c: one draft forward over one new token against one target decode step, both on the engine's
+    paged path at batch 1, timed in turn (``inferlab.bench.spec.costs``, as ``bench spec`` measures it)."""
+    from inferlab.bench.spec import costs
 
     with torch.no_grad():
-        return per_token(draft) / per_token(target)
+        return costs(target, 128, (), repeats, draft=draft)["draft"]
 
 
 def model_card(s: dict) -> str:

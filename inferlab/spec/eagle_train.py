@@ -407,7 +407,8 @@ Held out ({e['positions']:,} answer positions of {s['held_out_prompts']} prompts
 | 1 | the target's f_(t-1) | {e['top1_step1']:.1%} |
 | 2 | the draft's own f^_(t-1) | {e['top1_step2']:.1%} |
 
-Draft cost c (one drafting pass over one target decode step, batch 1, the draft in fp32): {s['draft_cost_ratio']:.3f}.
+Draft cost c (one drafting pass over one target decode step, both as the engine runs them, timed in
+turn, batch 1, fp32): {s['draft_cost_ratio']:.3f}.
 Speed-ups measured in the engine: `inferlab bench spec --target {s['base_model']}`.
 
 Use: `LLM("{s['base_model']}", speculative_config={{"method": "eagle", "num_speculative_tokens": 3}})`.

@@ -121,3 +121,35 @@ def test_engine_table_passes_its_confidence_threshold_to_the_model_proposers():
     assert (ngram1["confidence_threshold"], draft1["confidence_threshold"]) == (0.0, 0.5)
     assert ngram1["acceptance_rate"] == ngram0["acceptance_rate"]
     assert draft1["acceptance_rate"] > draft0["acceptance_rate"] and draft1["outputs_identical"] is True
+
+
+def test_costs_time_the_forward_the_engine_runs(monkeypatch, toy_eagle_folder):
+    """c and v of the engine table are timed on the engine's path: a verify of one pool runs the
+    layers in one C call and gives the logits the module path gives, its step functions share one
+    layer plan (a cache of its own per function made every call rebuild the plan: 2x a step's time),
+    and EAGLE's pass runs its layer in C too."""
+    import torch
+
+    from inferlab import native
+    from inferlab.model import decode_layers
+    from inferlab.model.loader import load_checkpoint
+    from inferlab.spec.eagle import load_eagle
+
+    if not native.loops_run():
+        pytest.skip("the C loops do not run in this process")
+    model, _ = load_checkpoint("target", device="cpu")
+    pool = spec.PagedPool(model, 24, 2)
+    verify, one = spec.forward_step(model, 4, 24, pool=pool), spec.forward_step(model, 1, 24, pool=pool)
+    ran, built = [], []
+    real_run, real_plan = decode_layers.run, decode_layers._Plan
+    monkeypatch.setattr(decode_layers, "run", lambda *a, **k: ran.append(real_run(*a, **k)) or ran[-1])
+    monkeypatch.setattr(decode_layers, "_Plan", lambda *a: built.append(1) or real_plan(*a))
+    for _ in range(2):
+        rows, _ = verify(), one()
+    assert ran and all(ran) and not built, (ran, built)
+    assert rows.shape == (4, model.config.vocab_size)
+    torch.testing.assert_close(rows[-1], spec.forward_step(model, 4, 24)()[0, -1], rtol=1e-4, atol=1e-4)
+    eagle = load_eagle(toy_eagle_folder, model.config, model.device, model.dtype)
+    ran.clear()
+    assert spec.eagle_step(eagle, model, 24)().shape == (1,)
+    assert ran and all(ran), ran  # its prefill and the pass
