@@ -53,7 +53,7 @@ from inferlab.sampling import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.spec import layer_draft
 from inferlab.spec.medusa import MedusaGuesser, beside_target, heads_folder_for, load_heads
-from inferlab.spec.ngram import NgramProposer
+from inferlab.spec.ngram import NgramProposer, copy_ceiling
 from inferlab.spec.reference import DraftModelProposer, _forward, speculative_generate
 from inferlab.spec.rejection import alpha_from_tokens_per_step, mixed_speedup, predicted_speedup
 
@@ -373,6 +373,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          # Leviathan's formula over the mix of steps with and without guesses
                          "predicted_speedup": mixed_speedup(f, length, k * cost, v) if module_costs else None,
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
+                         # the most a copy from the context could save these answers at this k (a count)
+                         "copy_ceiling": copy_ceiling(prompts, plain_out, k),
                          "outputs_identical": outs == plain_out,
                          # the formula's terms as the engine's own steps measured them, and the
                          # speedup of the decode steps alone (the prompts' prefill is the same either way)
@@ -398,7 +400,8 @@ def needed_alpha(goal: float, k: int, c: float, v: float) -> float | None:
 def goal_verdict(rows: list[dict], prompt_set: str) -> dict | None:
     """The set's goal at batch 1 (best method among those it names): met, or missed with the
     factor that falls short (the acceptance a that would reach it at the measured c and v, and
-    the share of the predicted speedup the engine's step delivered)."""
+    the share of the predicted speedup the engine's step delivered), with the row's
+    ``copy_ceiling``: what no proposer that copies from the context can beat at its k."""
     if prompt_set not in GOALS:
         return None
     goal, allowed = GOALS[prompt_set]
@@ -411,7 +414,8 @@ def goal_verdict(rows: list[dict], prompt_set: str) -> dict | None:
            "predicted_speedup": r["predicted_speedup"], "met": r["speedup"] >= goal,
            "alpha": r["alpha"], "needed_alpha": needed_alpha(goal, r["num_speculative_tokens"], r["draft_cost_ratio"],
                                                             r["verify_cost_ratio"]),
-           "delivered_share_of_prediction": r["speedup"] / r["predicted_speedup"]}
+           "delivered_share_of_prediction": r["speedup"] / r["predicted_speedup"],
+           "copy_ceiling": r["copy_ceiling"]}
     return out
 
 
@@ -547,6 +551,9 @@ def main(argv: list[str]) -> int:
                     else f"a = {g['alpha']:.2f} where the formula needs {g['needed_alpha']:.2f}")
             line += (f" ({need}; the step delivered {g['delivered_share_of_prediction']:.0%} of the "
                      f"{g['predicted_speedup']:.2f}x the formula predicts from its own a, c and v)")
+            if g["method"] == "ngram":
+                line += (f"; a lookup that knew every answer would save at most {g['copy_ceiling']:.2f}x the steps "
+                         f"at k={g['num_speculative_tokens']}, with verifies that cost one plain step")
         print(line)
     for m, why in res["skipped_methods"].items():
         print(f"skipped {m}: {why}")

@@ -41,3 +41,32 @@ class NgramProposer:
                 start = int(hits[-1]) + n
                 return tokens[start:start + self.num_speculative_tokens].tolist()
         return []
+
+
+def copy_ceiling(prompts, outputs, k: int) -> float:
+    """The most any proposer that copies from the context could save on these answers: plain
+    decoding's decode steps over those of a lookup that knew each answer in advance and, at every
+    step, copied the longest run of the next tokens (at most ``k``) found anywhere in the context
+    (prompt and answer so far), each verify keeping the whole run plus the target's own token.
+
+    A count, not a timing: it bounds the speedup of prompt lookup (and of suffix-tree lookups
+    such as SuffixDecoding's) at this k even if a verify cost no more than a plain step. Taking the
+    longest run at each step is optimal over the whole answer: a run found at position i still
+    holds, one shorter, at i + 1, so being further ahead never leaves fewer tokens to copy."""
+    plain = steps = 0
+    for prompt, out in zip(prompts, outputs):
+        ctx = np.asarray(list(prompt) + list(out), dtype=np.int64)
+        start, j = len(prompt), 1  # the first answer token comes from the prefill
+        plain += max(len(out) - 1, 0)
+        while j < len(out):
+            end = start + j  # the context: prompt and out[:j]
+            want = ctx[end:end + min(k, len(out) - j)]
+            run = 0
+            for p in np.flatnonzero(ctx[:end] == want[0]):
+                n = 1
+                while n < len(want) and p + n < end and ctx[p + n] == want[n]:
+                    n += 1
+                run = max(run, n)
+            j += min(run + 1, len(out) - j)
+            steps += 1
+    return plain / max(steps, 1)

@@ -38,6 +38,9 @@ def test_engine_table_small_run():
         assert (r["draft_cost_ratio"] == 0) == (r["method"] == "ngram")
         assert r["alpha"] >= r["acceptance_rate"] - 1e-9  # per-position a is never below the share kept
     assert rows[0]["steps"] < rows[0]["baseline_steps"] == 8
+    # no proposer that copies from the context beats the ceiling: prompt lookup's steps saved stay under it
+    for r in (r for r in rows if r["method"] == "ngram" and r["batch_size"] == 1):
+        assert 1 <= r["baseline_steps"] / r["steps"] <= r["copy_ceiling"], r
     # batch 1: the share of steps with guesses, from the counters, is the one the step profile counted
     for r in (r for r in rows if r["batch_size"] == 1):
         assert r["share_of_steps_with_guesses"] == pytest.approx(r["engine"]["share_of_steps_with_guesses"]), r["method"]
@@ -97,13 +100,17 @@ def test_needed_alpha_reaches_the_goal_exactly(k, c, v):
 
 def test_goal_verdict_names_the_best_allowed_method():
     rows = [{"batch_size": 1, "method": "ngram", "num_speculative_tokens": 2, "speedup": 3.0, "predicted_speedup": 3.2,
-             "alpha": 0.9, "draft_cost_ratio": 0.0, "verify_cost_ratio": 1.0, "engine": {"measured_decode_speedup": 3.3}},
+             "alpha": 0.9, "draft_cost_ratio": 0.0, "verify_cost_ratio": 1.0, "engine": {"measured_decode_speedup": 3.3},
+             "copy_ceiling": 3.1},
             {"batch_size": 1, "method": "eagle", "num_speculative_tokens": 4, "speedup": 1.2, "predicted_speedup": 1.5,
-             "alpha": 0.4, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 1.3}},
+             "alpha": 0.4, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 1.3},
+             "copy_ceiling": 2.0},
             {"batch_size": 4, "method": "eagle", "num_speculative_tokens": 4, "speedup": 2.0, "predicted_speedup": 2.0,
-             "alpha": 0.7, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 2.1}}]
+             "alpha": 0.7, "draft_cost_ratio": 0.05, "verify_cost_ratio": 1.05, "engine": {"measured_decode_speedup": 2.1},
+             "copy_ceiling": 2.0}]
     grounded = spec.goal_verdict(rows, "grounded")
     assert grounded["method"] == "ngram" and grounded["met"] and grounded["decode_speedup"] == 3.3
+    assert grounded["copy_ceiling"] == 3.1
     free = spec.goal_verdict(rows, "free")  # n-gram does not count there, nor batch 4
     assert free["method"] == "eagle" and not free["met"] and free["needed_alpha"] > free["alpha"]
     assert abs(free["delivered_share_of_prediction"] - 0.8) < 1e-9

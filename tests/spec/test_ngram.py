@@ -44,3 +44,21 @@ def test_on_real_text_the_guesses_are_what_followed():
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         NgramProposer(**kwargs)
+
+
+def test_copy_ceiling_counts_the_steps_of_a_lookup_that_knows_the_answer():
+    """Prompt [1..5], answer [9, 1, 2, 3, 4, 7]: 9 comes from the prefill, then one verify copies
+    1 2 3 (k = 3) and the target adds 4, then 7 is nowhere in the context: 2 steps for plain
+    decoding's 5. A copy never reads past the context (the answer's own future), and a longer k
+    copies more."""
+    from inferlab.spec.ngram import copy_ceiling
+
+    assert copy_ceiling([[1, 2, 3, 4, 5]], [[9, 1, 2, 3, 4, 7]], 3) == 5 / 2
+    assert copy_ceiling([[1, 2, 3, 4, 5]], [[9, 1, 2, 3, 4, 7]], 1) == 5 / 3  # [1]+2, [3]+4, 7
+    # each step copies only what the context already holds: after the prefill's 5 one 5 can be
+    # copied (+ the target's 5), then two: 2 steps, where reading ahead into the answer would take 1
+    assert copy_ceiling([[8]], [[5, 5, 5, 5, 5]], 8) == 4 / 2
+    assert copy_ceiling([[1, 2]], [[3]], 4) == 0  # a one-token answer: no decode steps
+    # never below 1 (a step emits at least one token), and the two prompts' steps add up
+    two = copy_ceiling([[1, 2, 3, 4, 5], [8]], [[9, 1, 2, 3, 4, 7], [5, 5, 5, 5, 5]], 3)
+    assert two == (5 + 4) / (2 + 2)
