@@ -227,3 +227,29 @@ def test_the_eagle_drafts_layer_is_the_modules_bits(target, eagle_config, compar
     drafted = [c for who, c in zip(callers, compared) if who == "_Stack" and c[1] is not None]
     assert len(drafted) > 5 and any(c[0] > 1 for c in drafted)  # single rows and several at once
     assert all(c[1] == 0.0 for c in drafted), drafted
+
+
+def test_engines_side_by_side_share_one_plan(target, monkeypatch):
+    """Two engines over one model, stepped in turn (a benchmark's runs side by side): the plan is
+    re-pointed at each engine's own cache, never rebuilt (~3 ms on smollm2, as long as its step),
+    and each engine's outputs are those it gives alone."""
+    model, tok = target
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    alone = []
+    for p in PROMPTS[:2]:
+        e = make_engine(target, max_num_seqs=2)
+        e.add_request("0", tok.encode(p), params)
+        alone.append(run_all(e)["0"].outputs[0].token_ids)
+    engines = [make_engine(target, max_num_seqs=2) for _ in PROMPTS[:2]]
+    for i, (e, p) in enumerate(zip(engines, PROMPTS)):
+        e.add_request(str(i), tok.encode(p), params)
+    built, real = [], decode_layers._Plan
+    monkeypatch.setattr(decode_layers, "_Plan", lambda *a: built.append(1) or real(*a))
+    finals = {}
+    while any(e.has_unfinished_requests() for e in engines):
+        for e in engines:
+            for o in e.step() if e.has_unfinished_requests() else []:
+                if o.finished:
+                    finals[o.request_id] = o.outputs[0].token_ids
+    assert [finals["0"], finals["1"]] == alone
+    assert len(built) <= 1, built  # at most the first step's (a plan left from an earlier test is re-pointed)
