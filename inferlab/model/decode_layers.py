@@ -165,6 +165,7 @@ class _Plan:
         self.versions: list[tuple[torch.Tensor, int]] = []  # (tensor, version) whose copy the loops read
         self.classes: list[tuple[nn.Module, type]] = []  # (module, the class the plan found)
         self.cache = cache
+        self._cache_columns = ((), ())  # the cache's tensors and their addresses (point_at swaps them)
         self._columns = None  # holds()'s checks as columns, built at its first call
         self.ok = cfg.head_dim % 16 == 0 and cfg.head_dim <= 256  # what cpu_decode.c's attention takes
         if not self.ok:
@@ -207,7 +208,7 @@ class _Plan:
             if not self.ok:
                 return
             entry.k_cache, entry.v_cache = cache.k_slots[i].data_ptr(), cache.v_slots[i].data_ptr()
-        self.tensors += [(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)]
+        self._cache_columns = _unzip([(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)], 2)
 
     def _tensor(self, module: nn.Module, name: str) -> torch.Tensor:
         store = module._parameters if name in module._parameters else module._buffers
@@ -245,9 +246,8 @@ class _Plan:
             return False
         for entry, k, v in zip(self.layers, cache.k_slots, cache.v_slots):
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
-        n = 2 * len(cache.k_slots)  # the cache's tensors come last (__init__)
-        self.tensors[-n:] = [(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)]
-        self.cache, self._columns = cache, None
+        self._cache_columns = _unzip([(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)], 2)
+        self.cache = cache
         return True
 
     def holds(self, cache) -> bool:
@@ -261,7 +261,8 @@ class _Plan:
             self._columns = (*_unzip(self.watched, 3), *_unzip(self.tensors, 2), *_unzip(live, 2),
                              *_unzip(self.classes, 2))
         dicts, keys, values, tensors, ptrs, counted, counts, modules, classes = self._columns
-        return (all(map(operator.is_, map(type, modules), classes))
+        return (all(map(operator.eq, map(torch.Tensor.data_ptr, self._cache_columns[0]), self._cache_columns[1]))
+                and all(map(operator.is_, map(type, modules), classes))
                 and all(map(operator.is_, map(dict.get, dicts, keys), values))
                 and all(map(operator.eq, map(torch.Tensor.data_ptr, tensors), ptrs))
                 and all(map(operator.eq, map(_VERSION, counted), counts)))

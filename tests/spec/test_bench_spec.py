@@ -133,7 +133,7 @@ def test_engine_table_passes_its_confidence_threshold_to_the_model_proposers():
 def test_costs_time_the_forward_the_engine_runs(monkeypatch, toy_eagle_folder):
     """c and v of the engine table are timed on the engine's path: a verify of one pool runs the
     layers in one C call and gives the logits the module path gives, its step functions share one
-    layer plan (a cache of its own per function made every call rebuild the plan: 2x a step's time),
+    layer plan,
     and EAGLE's pass runs its layer in C too."""
     import torch
 
