@@ -14,7 +14,7 @@ the cost of one head (residual block + lm_head) per guess, over one target forwa
 
 The second (``engine``) runs speculation (n-gram, the draft model, Medusa) as a mode of the engine's
 step at batch sizes 1, 4 and 16: the same held-out prompts, all submitted at once, against the engine without speculation
-(same knobs, timed alternately, best of ``--repeats``). Each row reports the verify steps saved,
+(same knobs, the runs side by side, each engine taking one step in turn, best of ``--repeats``). Each row reports the verify steps saved,
 the speedup of the whole run and of its decode steps alone, and the formula's prediction with
 a, c and v measured at that batch size (c and v against one decode step of the whole batch),
 priced over the share f of a sequence's steps that had guesses, (f L + 1 - f) / (f (k c + v) + 1 - f);
