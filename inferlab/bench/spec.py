@@ -44,7 +44,8 @@ import torch
 
 from inferlab.bench.stats import best_times
 from inferlab.corpus import load_corpus
-from inferlab.engine.config import EngineConfig
+from inferlab.cache import PagedKVCache
+from inferlab.engine.config import CPU_KV_CACHE_BYTES, EngineConfig
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.spec_decode import draft_model
 from inferlab.generate import generate
@@ -269,18 +270,24 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
             "methods": rows, **({"medusa_skipped": no_heads} if heads is None else {})}
 
 
+def _pool_blocks(prompts, params, seqs: int, block_size: int = 16) -> int:
+    """KV blocks for ``seqs`` of these prompts decoding at once, a verify's rows included, with a
+    quarter to spare: what a timed run needs, where the engine's default takes up to 1 GiB."""
+    longest = max(len(p) for p in prompts) + params.max_tokens + 17
+    return 2 + seqs * -(-longest // block_size) * 5 // 4
+
+
 def _engine_runs(model, tok, prompts, params, specs: dict, max_num_seqs: int | None = None) -> dict:
     """Timed runs through fresh engines side by side, one per ``specs`` value (a speculative_config,
     or None for plain decoding): each engine takes one step in turn until all are done, and its time
     is the sum of its own steps. A burst of other work on the machine then lands on every run in
     proportion, where runs one after the other let it slow one of them alone (a plain run slowed 3x
-    by a busy core read as a 2.5x speedup of prompt lookup). Returns {key: (seconds, outputs,
-    counters, step profile)}."""
+    by a busy core read as a 2.5x speedup of prompt lookup). Each engine's KV pool holds what its
+    prompts need (:func:`_pool_blocks`). Returns {key: (seconds, outputs, counters, step profile)}."""
     from inferlab.bench.step_profile import profile_steps
 
     seqs = max_num_seqs or max(len(prompts), 1)
-    longest = max(len(p) for p in prompts) + params.max_tokens + 17  # + a verify's rows
-    blocks = 2 + seqs * -(-longest // 16) * 5 // 4  # what the runs need, not the 1 GiB default each
+    blocks = _pool_blocks(prompts, params, seqs)
     engines = {key: LLMEngine(model, tok, EngineConfig(max_num_seqs=seqs, num_kv_blocks=blocks, speculative_config=spec))
                for key, spec in specs.items()}
     seconds, finals = dict.fromkeys(engines, 0.0), {key: {} for key in engines}
@@ -347,17 +354,22 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
         # warm-up: the loops, plans and caches (a few prompts, a few tokens each)
         _engine_runs(model, tok, prompts[:min(b, 4)], dataclasses.replace(params, max_tokens=min(params.max_tokens, 4)),
                      {None: None}, seqs)
-        plain_s, plain_out, plain_c, plain_prof = float("inf"), None, None, None
-        best = {}
-        for _ in range(repeats):  # plain decoding and every method side by side, a step each in turn
-            timed = _engine_runs(model, tok, prompts, params, {None: None, **{(m, k): configs[m](k) for m, k in runs}},
-                                 seqs)
-            dt, out, c, prof = timed.pop(None)
-            if dt < plain_s:
-                plain_s, plain_out, plain_c, plain_prof = dt, out, c, prof
-            for key, run in timed.items():
-                if run[0] < best.get(key, (float("inf"),))[0]:
-                    best[key] = run
+        # plain decoding and the methods side by side, a step each in turn, as many methods at once as
+        # fit the engine's own KV budget (each run holds a pool for its prompts; at batch 16 that is
+        # 0.4-0.5 GB on smollm2): each method is timed against the plain run beside it
+        per_run = _pool_blocks(prompts, params, seqs or len(prompts)) * PagedKVCache.bytes_per_block(
+            model.config, 16, model.dtype)
+        group = max(1, CPU_KV_CACHE_BYTES // per_run - 1)
+        best = {}  # (method, k) -> (its run, the plain run beside it), the repeat where it ran fastest
+        for _ in range(repeats):
+            for i in range(0, len(runs), group):
+                timed = _engine_runs(model, tok, prompts, params,
+                                     {None: None, **{(m, k): configs[m](k) for m, k in runs[i:i + group]}}, seqs)
+                plain = timed.pop(None)
+                for key, run in timed.items():
+                    if run[0] < best.get(key, ((float("inf"),), None))[0][0]:
+                        best[key] = run, plain
+        plain_out = next(iter(best.values()))[1][1]
         emitted = sum(len(o) for o in plain_out)
         width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
@@ -366,7 +378,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
             cost_of = costs(model, prompt_tokens, dict.fromkeys(ks), reps, batch=width, draft=dmodel, eagle=edraft,
                             heads=heads, medusa_ks=dict.fromkeys(k for m, k in runs if m == "medusa"))
         for method, k in runs:
-            dt, outs, c, prof = best[(method, k)]
+            (dt, outs, c, prof), (plain_s, plain_out, plain_c, plain_prof) = best[(method, k)]
             drafts, proposed, accepted = (c["spec_decode_num_drafts"], c["spec_decode_num_draft_tokens"],
                                           c["spec_decode_num_accepted_tokens"])
             length = 1 + accepted / max(drafts, 1)
