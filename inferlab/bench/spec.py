@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from inferlab.attention.paged import MULTI_QUERY_MAX
 from inferlab.bench.stats import best_times
 from inferlab.corpus import load_corpus
 from inferlab.cache import PagedKVCache
@@ -92,8 +93,6 @@ class PagedPool:
     function of :func:`costs` takes its sequences' block tables from it."""
 
     def __init__(self, model, context: int, sequences: int, block_size: int = 16, dtype=None):
-        from inferlab.attention.paged import MULTI_QUERY_MAX
-        from inferlab.cache import PagedKVCache
         from inferlab.engine.model_runner import ModelRunner
 
         self.per_seq = -(-(context + MULTI_QUERY_MAX) // block_size)
@@ -273,7 +272,7 @@ def run(target: str = "target", draft: str = "draft", ks=(2, 4), num_prompts: in
 def _pool_blocks(prompts, params, seqs: int, block_size: int = 16) -> int:
     """KV blocks for ``seqs`` of these prompts decoding at once, a verify's rows included, with a
     quarter to spare: what a timed run needs, where the engine's default takes up to 1 GiB."""
-    longest = max(len(p) for p in prompts) + params.max_tokens + 17
+    longest = max(len(p) for p in prompts) + params.max_tokens + MULTI_QUERY_MAX
     return 2 + seqs * -(-longest // block_size) * 5 // 4
 
 
@@ -371,6 +370,8 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                         best[key] = run, plain
         plain_out = next(iter(best.values()))[1][1]
         emitted = sum(len(o) for o in plain_out)
+        # the most a copy from the context could save these answers at each k (a count)
+        ceiling = {k: copy_ceiling(prompts, plain_out, k) for k in ks}
         width = min(b, len(prompts))  # sequences decoding side by side
         # Leviathan's terms at this batch: c and v against one decode step of the b sequences
         reps = max(3, 20 // width)  # best of: a larger batch's forward is long enough to time in fewer
@@ -402,8 +403,7 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                          # Leviathan's formula over the mix of steps with and without guesses
                          "predicted_speedup": mixed_speedup(f, length, k * cost, v) if module_costs else None,
                          "steps": c["num_steps"], "baseline_steps": plain_c["num_steps"],
-                         # the most a copy from the context could save these answers at this k (a count)
-                         "copy_ceiling": copy_ceiling(prompts, plain_out, k),
+                         "copy_ceiling": ceiling[k],
                          "outputs_identical": outs == plain_out,
                          # the formula's terms as the engine's own steps measured them, and the
                          # speedup of the decode steps alone (the prompts' prefill is the same either way)

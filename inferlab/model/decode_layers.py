@@ -207,8 +207,7 @@ class _Plan:
                 self.classes.append((mod, type(mod)))  # a module given another class (a lab's probe) runs as such
             if not self.ok:
                 return
-            entry.k_cache, entry.v_cache = cache.k_slots[i].data_ptr(), cache.v_slots[i].data_ptr()
-        self._cache_columns = _unzip([(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)], 2)
+        self._use_cache(cache)
 
     def _tensor(self, module: nn.Module, name: str) -> torch.Tensor:
         store = module._parameters if name in module._parameters else module._buffers
@@ -244,11 +243,15 @@ class _Plan:
         if (len(cache.k_slots) != len(old.k_slots) or cache.k.dtype != old.k.dtype
                 or cache.k_slots[0].shape[1:] != old.k_slots[0].shape[1:]):
             return False
+        self._use_cache(cache)
+        return True
+
+    def _use_cache(self, cache) -> None:
+        """Each layer's K/V pointers into ``cache``, and the addresses holds() checks."""
         for entry, k, v in zip(self.layers, cache.k_slots, cache.v_slots):
             entry.k_cache, entry.v_cache = k.data_ptr(), v.data_ptr()
         self._cache_columns = _unzip([(t, t.data_ptr()) for t in (*cache.k_slots, *cache.v_slots)], 2)
         self.cache = cache
-        return True
 
     def holds(self, cache) -> bool:
         """Is every module, tensor and pointer the plan was built from still in place? Asked at

@@ -116,15 +116,6 @@ def train(draft, target, samples, feats, rows, steps: int, lr: float, batch_size
     return spent + time.monotonic() - t0
 
 
-def drafting_cost(draft, target, repeats: int = 20) -> float:
-    """c: one draft forward over one new token against one target decode step, both on the engine's
-    paged path at batch 1, timed in turn (``inferlab.bench.spec.costs``, as ``bench spec`` measures it)."""
-    from inferlab.bench.spec import costs
-
-    with torch.no_grad():
-        return costs(target, 128, (), repeats, draft=draft)["draft"]
-
-
 def model_card(s: dict) -> str:
     b, a = s["held_out"]["before"], s["held_out"]["after"]
     return f"""# {s['base_model']}_draft
@@ -175,6 +166,7 @@ def main(argv: list[str]) -> int:
         raise InferlabError(f"--layers takes layer numbers separated by commas, e.g. 0,1,29; got {args.layers!r}")
     if min(args.draft_vocab, args.steps, args.batch_size) < 1:
         raise InferlabError("--draft-vocab, --steps and --batch-size must be >= 1")
+    from inferlab.bench.spec import costs
     from inferlab.llm import load_model
 
     run_dir = Path(args.run_dir)
@@ -213,7 +205,7 @@ def main(argv: list[str]) -> int:
                "train_positions": sum(len(s["prompt_ids"]) + len(s["answer_ids"]) - 1 for s in train_s),
                "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                "train_time_s": round(seconds, 1), "held_out": {"before": before, "after": after},
-               "draft_cost_ratio": round(drafting_cost(draft, target), 4), "threads": torch.get_num_threads(),
+               "draft_cost_ratio": round(costs(target, 128, (), 20, draft=draft)["draft"], 4), "threads": torch.get_num_threads(),
                "command": " ".join(["inferlab train draft", *argv])}
     print(json.dumps(summary))
     if not args.no_ship:
