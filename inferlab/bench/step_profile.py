@@ -25,6 +25,7 @@ Phases of a step (seconds summed over the decode steps, prefill steps left out):
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections import defaultdict
 
@@ -34,23 +35,63 @@ from inferlab.spec.rejection import mixed_speedup
 PHASES = ("propose", "fill", "schedule", "forward", "verify", "update", "observe", "python")
 
 
+#: A decode step that took this many times its run's median step of the same kind is a stall: on a
+#: shared CPU another program took a core in the middle of the step, before the engine's thread
+#: share (``engine/cpu_share.py``) could drop a thread, and each of the step's ~180 parallel loops
+#: waited for the descheduled thread (1-3 s for a 20-30 ms step, measured on smollm2 in a notebook
+#: beside a busy core). The steps of one kind vary far less (at batch 16, under 2x the median as
+#: sequences finish), so a stall is counted at the median instead: one stall in one run would
+#: otherwise decide a comparison of two runs. ``StepProfile.stalled`` counts them.
+STALL = 5.0
+
+
 class StepProfile:
-    """Seconds per phase, summed separately over decode steps without guesses ("plain") and
-    decode steps with them ("spec"), with the step counts; prefill steps are counted apart."""
+    """Seconds per phase of each step, kept separately for decode steps without guesses ("plain"),
+    decode steps with them ("spec") and prefill steps ("prefill")."""
 
     def __init__(self):
-        self.seconds = {kind: defaultdict(float) for kind in ("plain", "spec", "prefill")}
-        self.steps = defaultdict(int)
+        self.records: dict[str, list[dict[str, float]]] = defaultdict(list)
         self._now: dict[str, float] = {}
         self._kind = "plain"
 
+    @property
+    def steps(self) -> dict[str, int]:
+        return defaultdict(int, {kind: len(r) for kind, r in self.records.items()})
+
+    @property
+    def seconds(self) -> dict[str, dict[str, float]]:
+        """Seconds per phase summed over the steps of each kind, as measured (stalls included)."""
+        out = {kind: defaultdict(float) for kind in ("plain", "spec", "prefill")}
+        for kind, recs in self.records.items():
+            for r in recs:
+                for p, v in r.items():
+                    out[kind][p] += v
+        return out
+
+    def _scales(self, kind: str) -> list[float]:
+        """Each step's weight: 1, or median / its time for a stall (see :data:`STALL`)."""
+        totals = [sum(r.values()) for r in self.records[kind]]
+        if not totals:
+            return []
+        m = statistics.median(totals)
+        return [m / t if t > STALL * m > 0 else 1.0 for t in totals]
+
+    def stalled(self, kind: str) -> int:
+        """Steps of ``kind`` counted at the median as stalls."""
+        return sum(w < 1.0 for w in self._scales(kind))
+
     def per_step(self, kind: str) -> dict[str, float]:
-        """Mean seconds per step of each phase, over the steps of ``kind``."""
-        n = max(self.steps[kind], 1)
-        return {p: self.seconds[kind][p] / n for p in PHASES}
+        """Mean seconds per step of each phase, over the steps of ``kind`` (a stall at the median)."""
+        n = max(len(self.records[kind]), 1)
+        out = dict.fromkeys(PHASES, 0.0)
+        for w, r in zip(self._scales(kind), self.records[kind]):
+            for p, v in r.items():
+                out[p] += w * v
+        return {p: v / n for p, v in out.items()}
 
     def decode_seconds(self) -> float:
-        return sum(sum(self.seconds[k].values()) for k in ("plain", "spec"))
+        """The decode steps' seconds (a stall at the median)."""
+        return sum(sum(self.per_step(k).values()) * len(self.records[k]) for k in ("plain", "spec"))
 
 
 def _step_kind(seqs, num_logits) -> str:
@@ -95,11 +136,7 @@ def profile_steps(engine):
         out = step()
         total = time.perf_counter() - t
         if "forward" in prof._now:  # a step that ran the model
-            kind = prof._kind
-            prof.steps[kind] += 1
-            for phase, s in prof._now.items():
-                prof.seconds[kind][phase] += s
-            prof.seconds[kind]["python"] += total - sum(prof._now.values())
+            prof.records[prof._kind].append({**prof._now, "python": total - sum(prof._now.values())})
         return out
 
     engine.step = timed_step
@@ -126,7 +163,8 @@ def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, sp
 
         (f L + (1 - f)) / (f (k c + v) + (1 - f) w),
 
-    beside the decode speedup measured (tokens per decode second, against the plain run's);
+    beside the decode speedup measured (tokens per decode second, against the plain run's; a step
+    that stalled counts at its run's median, :data:`STALL`, and ``stalled_steps`` says how many);
     ``plain_step_s`` and ``spec_step_s`` hold every phase per step, where the rest of a gap goes."""
     t1 = plain.per_step("plain")["forward"]
     with_guesses, without = spec.steps["spec"], spec.steps["plain"]
@@ -141,5 +179,6 @@ def engine_terms(plain: StepProfile, spec: StepProfile, plain_counters: dict, sp
             "share_of_steps_with_guesses": f, "mean_acceptance_length": length, "plain_step_ratio": w,
             "predicted_decode_speedup": mixed_speedup(f, length, kc, v, w),
             "measured_decode_speedup": rate(spec, spec_counters) / rate(plain, plain_counters),
+            "stalled_steps": {"plain_run": plain.stalled("plain"), "spec_run": spec.stalled("plain") + spec.stalled("spec")},
             "plain_step_s": plain.per_step("plain"), "spec_step_s": per,
             "spec_plain_step_s": spec.per_step("plain")}

@@ -88,6 +88,55 @@ def test_engine_table_on_chat_prompts_runs_every_prompt_at_each_batch_size(toy_e
         spec.chat_prompts(tok, "about")
 
 
+def test_runs_side_by_side_move_through_the_answers_together(monkeypatch):
+    """The engine behind in tokens emitted takes the next step: plain decoding takes a step for each
+    token where prompt lookup emits several, so neither run's steps bunch up where a burst of other
+    work could land on them alone (a step each in turn leaves plain decoding's extra steps to the end)."""
+    from inferlab.engine.llm_engine import LLMEngine
+    from inferlab.model.loader import load_checkpoint
+    from inferlab.sampling import SamplingParams
+
+    model, tok = load_checkpoint("target", device="cpu")
+    prompts = spec.held_out_prompts(tok, 2, 48)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engines, order, real_step = {}, [], LLMEngine.step
+
+    def step(self):
+        live = [e for e in engines.values() if e.has_unfinished_requests()]
+        order.append((self.counters["num_generation_tokens"], min(e.counters["num_generation_tokens"] for e in live)))
+        return real_step(self)
+
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        engines[len(engines)] = self
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    monkeypatch.setattr(LLMEngine, "__init__", init)
+    runs = spec._engine_runs(model, tok, prompts, params,
+                             {None: None, "ngram": {"method": "ngram", "num_speculative_tokens": 4}}, 1)
+    assert runs[None][2]["num_steps"] > runs["ngram"][2]["num_steps"]  # prompt lookup saved steps here
+    assert runs[None][1] == runs["ngram"][1]
+    assert all(mine == least for mine, least in order), order  # never a step by a run ahead of another
+
+
+def test_the_median_repeat_is_kept():
+    """A stalled step moves the repeat it lands in, not the median the table keeps."""
+    class Prof:
+        def __init__(self, s):
+            self.s = s
+
+        def decode_seconds(self):
+            return self.s
+
+    pair = lambda plain, run: ((run, None, None, Prof(run)), (plain, None, None, Prof(plain)))  # noqa: E731
+    fast, stalled_plain, slow = pair(1.2, 1.0), pair(3.0, 1.0), pair(1.0, 1.0)
+    assert spec._median_repeat([stalled_plain, fast, slow]) is fast
+    assert spec._median_repeat([stalled_plain, slow]) is slow  # of two, the lower
+    assert spec._median_repeat([fast]) is fast
+
+
 @pytest.mark.parametrize("k, c, v", [(2, 0.0, 1.0), (4, 0.05, 1.1), (3, 0.2, 1.3)])
 def test_needed_alpha_reaches_the_goal_exactly(k, c, v):
     from inferlab.spec.rejection import predicted_speedup

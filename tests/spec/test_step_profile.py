@@ -56,9 +56,7 @@ def test_the_engine_is_left_as_it_was(pair):
 def _profile(steps: dict, forward: dict, propose: float = 0.0) -> StepProfile:
     p = StepProfile()
     for kind, n in steps.items():
-        p.steps[kind] = n
-        p.seconds[kind]["forward"] = forward[kind] * n
-        p.seconds[kind]["propose"] = (propose if kind == "spec" else 0.0) * n
+        p.records[kind] += [{"forward": forward[kind], "propose": propose if kind == "spec" else 0.0} for _ in range(n)]
     return p
 
 
@@ -82,3 +80,21 @@ def test_engine_terms_price_the_mix_of_steps():
     t = engine_terms(plain, slow, {"decode_tokens": 10}, counters)
     assert t["plain_step_ratio"] == pytest.approx(1.3)
     assert t["predicted_decode_speedup"] == pytest.approx(1.75 / (0.75 * 1.26 + 0.25 * 1.3))
+
+
+def test_a_stalled_step_counts_at_the_median():
+    """A core taken mid-step by another program: one plain step of 1 s among 0.02 s ones. Counted as
+    measured it would decide the comparison alone (prompt lookup read 3.2x where it saved no steps);
+    at the median it does not. Steps that vary as a batch empties (2x) are kept as measured."""
+    plain = _profile({"plain": 10}, {"plain": 0.02})
+    plain.records["plain"][3]["forward"] = 1.0
+    spec = _profile({"spec": 10}, {"spec": 0.025})
+    spec.records["spec"][9]["forward"] = 0.01  # the last sequences' steps are cheaper: not a stall
+    spec.records["spec"][8]["forward"] = 0.05
+    counters = {"spec_decode_num_drafts": 10, "spec_decode_num_accepted_tokens": 0, "decode_tokens": 10}
+    t = engine_terms(plain, spec, {"decode_tokens": 10}, counters)
+    assert t["stalled_steps"] == {"plain_run": 1, "spec_run": 0}
+    assert plain.decode_seconds() == pytest.approx(0.2) and plain.seconds["plain"]["forward"] == pytest.approx(1.18)
+    assert spec.decode_seconds() == pytest.approx(0.025 * 8 + 0.01 + 0.05)
+    assert t["measured_decode_speedup"] == pytest.approx(0.2 / 0.26)
+    assert t["verify_cost_ratio"] == pytest.approx(0.026 / 0.02)
