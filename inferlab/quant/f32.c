@@ -5,70 +5,51 @@
    A decode step's time is the time to read the weights. A library GEMM is built for large M: at
    M = 1 it runs a GEMV, and at M = 2..16 it often packs the weights into panels first, which reads
    them twice; so a second row can cost nearly as much as the first. This loop walks the weights
-   once: a tile of 4 weight rows stays in registers while it meets each activation row (up to 6 at
-   a time on AVX-512, held in 24 of its 32 registers, so a verify of 5 rows is one pass; 4 on NEON,
-   2 on AVX2), and more activation rows re-read the tile from L1, not memory.
-   x is small (a few KB) and stays in cache. That makes the marginal row nearly free on a
+   once. x is small (a few KB) and stays in cache. That makes the marginal row nearly free on a
    memory-bound model, which is what speculative verification and batching need.
 
-   Three builds of the same loop, chosen at run time by the CPU: AVX-512 (16 floats per register),
-   AVX2 + FMA (8; tiles of 4 x 2 so the accumulators fit its 16 registers), and NEON on aarch64 (4).
-   inferlab/quant/f32.py compiles this file with the system C compiler, and falls back to torch's
-   F.linear wherever a build is missing or a shape does not fit (K a multiple of the vector width,
-   N a multiple of 4). */
+   Two shapes of the walk:
+   - A tile of 4 weight rows stays in registers while it meets each activation row (up to 6 at a
+     time where AVX-512 gives 32 registers, 2 with AVX2's 16, 4 on NEON), and more activation rows
+     re-read the tile from L1, not memory. Few loads per product: the faster walk where the weights
+     sit in the CPU's cache (a small model) and for many rows (a prompt, a large batch).
+   - On x86, for up to STREAM_MAX rows of a weight of STREAM_BYTES or more (beyond a core's L2, so
+     it comes from memory), each thread reads its weight rows one after the other, a single
+     sequential stream, asking for the weights 4 KB ahead of where it reads, and meets every
+     activation row with each vector it loads. More loads per product, but the core keeps one
+     stream flowing while it computes, where a tile's four streams stall. Measured on smollm2's
+     layer projections in fp32 (2 threads, AVX-512 EPYC, `inferlab bench rows`), 5 rows cost
+     1.04-1.05x one row, against 1.22-1.24x with tiles alone.
+   Both walks add a row's products in the same order (one 8-float accumulator along K, then its
+   lanes), so a row's result is the same bits whatever rows run beside it and whichever walk ran
+   it: a sequence's logits do not depend on its batch or on the verify it sits in. The x86 builds
+   use 8-float (256-bit) vectors even with AVX-512: on the AMD cores measured, 16-float registers
+   bought nothing (they run as two halves) and their stream walk was slower (5 rows 1.11-1.15x,
+   one 16-float load a cycle against two of 8 floats); AVX-512 lends its 32 registers to the tiles.
+
+   Three builds, chosen at run time by the CPU: AVX-512 (AVX-512VL for the 32 registers), AVX2 +
+   FMA, and NEON on aarch64 (tiles only). inferlab/quant/f32.py compiles this file with the system C
+   compiler, and falls back to torch's F.linear wherever a build is missing or a shape does not fit
+   (K a multiple of the vector width, N a multiple of 4). */
 #include <stddef.h>
 #include <stdint.h>
 
 #define TILE_N 4  /* weight rows per tile */
+#define STREAM_MAX 8  /* the stream walk takes up to this many rows (x86) ... */
+#define STREAM_BYTES (1 << 20)  /* ... of a weight this large: beyond a core's L2, so from memory */
+#define STREAM_AHEAD 1024  /* floats (4 KB) ahead on that stream, asked for as it reads */
 #define AHEAD 16  /* the first pass over a tile asks for the weights this many rows ahead: with the
                      hardware prefetcher alone, more rows per tile left the loop waiting on memory */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define AVX512 __attribute__((target("avx512f,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512vl,fma")))
 #define AVX2 __attribute__((target("avx2,fma")))
 
-int inferlab_f32_isa(void) {  /* 2: AVX-512, 1: AVX2 + FMA, 0: neither */
+int inferlab_f32_isa(void) {  /* 2: AVX-512 (with its 32 registers for 8-float vectors), 1: AVX2 + FMA, 0: neither */
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return 2;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
-}
-
-AVX512 static inline __attribute__((always_inline)) void tile512(const float *x, int K, const float *w, int N,
-                                                                 float *y, int n0, int m0, const int MR) {
-    __m512 acc[6][TILE_N];
-    for (int j = 0; j < MR; j++)
-        for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm512_setzero_ps();
-    const float *wt = w + (size_t)n0 * K;
-    for (int k = 0; k < K; k += 16) {
-        __m512 wv[TILE_N];
-        for (int r = 0; r < TILE_N; r++) {
-            wv[r] = _mm512_loadu_ps(wt + (size_t)r * K + k);
-            if (m0 == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0);
-        }
-        for (int j = 0; j < MR; j++) {
-            const __m512 xv = _mm512_loadu_ps(x + (size_t)(m0 + j) * K + k);
-            for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm512_fmadd_ps(wv[r], xv, acc[j][r]);
-        }
-    }
-    for (int j = 0; j < MR; j++)
-        for (int r = 0; r < TILE_N; r++) y[(size_t)(m0 + j) * N + n0 + r] = _mm512_reduce_add_ps(acc[j][r]);
-}
-
-AVX512 int inferlab_f32_gemv_avx512(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int n0 = 0; n0 < N; n0 += TILE_N) {
-        int m0 = 0;
-        for (; m0 + 6 <= M; m0 += 6) tile512(x, K, w, N, y, n0, m0, 6);
-        switch (M - m0) {  /* constant row counts, so each tile's loops unroll */
-            case 5: tile512(x, K, w, N, y, n0, m0, 5); break;
-            case 4: tile512(x, K, w, N, y, n0, m0, 4); break;
-            case 3: tile512(x, K, w, N, y, n0, m0, 3); break;
-            case 2: tile512(x, K, w, N, y, n0, m0, 2); break;
-            case 1: tile512(x, K, w, N, y, n0, m0, 1); break;
-        }
-    }
-    return 0;
 }
 
 AVX2 static inline float hsum256(__m256 v) {
@@ -77,33 +58,93 @@ AVX2 static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-AVX2 static inline __attribute__((always_inline)) void tile256(const float *x, int K, const float *w, int N,
-                                                               float *y, int n0, int m0, const int MR) {
-    __m256 acc[2][TILE_N];
-    for (int j = 0; j < MR; j++)
-        for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm256_setzero_ps();
-    const float *wt = w + (size_t)n0 * K;
+/* One weight row n against MR activation rows: the stream walk. */
+AVX2 static inline __attribute__((always_inline)) void row256(const float *x, int K, const float *w, int N,
+                                                              float *y, int n, const int MR) {
+    __m256 acc[STREAM_MAX];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+    const float *wr = w + (size_t)n * K;
     for (int k = 0; k < K; k += 8) {
-        __m256 wv[TILE_N];
-        for (int r = 0; r < TILE_N; r++) {
-            wv[r] = _mm256_loadu_ps(wt + (size_t)r * K + k);
-            if (m0 == 0 && (k & 15) == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0);
-        }
-        for (int j = 0; j < MR; j++) {
-            const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + j) * K + k);
-            for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm256_fmadd_ps(wv[r], xv, acc[j][r]);
-        }
+        const __m256 wv = _mm256_loadu_ps(wr + k);
+        if ((k & 15) == 0) _mm_prefetch((const char *)(wr + k + STREAM_AHEAD), _MM_HINT_T0);  /* a line a time */
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)j * K + k), acc[j]);
     }
-    for (int j = 0; j < MR; j++)
-        for (int r = 0; r < TILE_N; r++) y[(size_t)(m0 + j) * N + n0 + r] = hsum256(acc[j][r]);
+    for (int j = 0; j < MR; j++) y[(size_t)j * N + n] = hsum256(acc[j]);
 }
 
-AVX2 int inferlab_f32_gemv_avx2(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
+static int streams(int M, int K, int N) { return M <= STREAM_MAX && (size_t)K * N * sizeof(float) >= STREAM_BYTES; }
+
+AVX2 static void stream(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+        switch (M) {  /* constant row counts, so each row's loops unroll */
+            case 8: row256(x, K, w, N, y, n, 8); break;
+            case 7: row256(x, K, w, N, y, n, 7); break;
+            case 6: row256(x, K, w, N, y, n, 6); break;
+            case 5: row256(x, K, w, N, y, n, 5); break;
+            case 4: row256(x, K, w, N, y, n, 4); break;
+            case 3: row256(x, K, w, N, y, n, 3); break;
+            case 2: row256(x, K, w, N, y, n, 2); break;
+            case 1: row256(x, K, w, N, y, n, 1); break;
+        }
+    }
+}
+
+/* A tile of TILE_N weight rows against MR activation rows (from row m0): the same sums as row256's. */
+#define TILE(NAME, TARGET, MAX_MR)                                                                        \
+TARGET static inline __attribute__((always_inline)) void NAME(const float *x, int K, const float *w,      \
+                                                              int N, float *y, int n0, int m0, const int MR) { \
+    __m256 acc[MAX_MR][TILE_N];                                                                           \
+    for (int j = 0; j < MR; j++)                                                                          \
+        for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm256_setzero_ps();                                 \
+    const float *wt = w + (size_t)n0 * K;                                                                 \
+    for (int k = 0; k < K; k += 8) {                                                                      \
+        __m256 wv[TILE_N];                                                                                \
+        for (int r = 0; r < TILE_N; r++) {                                                                \
+            wv[r] = _mm256_loadu_ps(wt + (size_t)r * K + k);                                              \
+            if (m0 == 0 && (k & 15) == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0); \
+        }                                                                                                 \
+        for (int j = 0; j < MR; j++) {                                                                    \
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + j) * K + k);                             \
+            for (int r = 0; r < TILE_N; r++) acc[j][r] = _mm256_fmadd_ps(wv[r], xv, acc[j][r]);           \
+        }                                                                                                 \
+    }                                                                                                     \
+    for (int j = 0; j < MR; j++)                                                                          \
+        for (int r = 0; r < TILE_N; r++) y[(size_t)(m0 + j) * N + n0 + r] = hsum256(acc[j][r]);          \
+}
+TILE(tile6, AVX512, 6)  /* 24 accumulators + 4 weight vectors + x: AVX-512's 32 registers */
+TILE(tile2, AVX2, 2)    /* 8 + 4 + 1 of AVX2's 16 */
+
+AVX512 int inferlab_f32_gemv_avx512(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
+    if (streams(M, K, N)) {
+        stream(x, M, K, w, N, y, nthreads);
+        return 0;
+    }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n0 = 0; n0 < N; n0 += TILE_N) {
         int m0 = 0;
-        for (; m0 + 2 <= M; m0 += 2) tile256(x, K, w, N, y, n0, m0, 2);
-        if (m0 < M) tile256(x, K, w, N, y, n0, m0, 1);
+        for (; m0 + 6 <= M; m0 += 6) tile6(x, K, w, N, y, n0, m0, 6);
+        switch (M - m0) {  /* constant row counts, so each tile's loops unroll */
+            case 5: tile6(x, K, w, N, y, n0, m0, 5); break;
+            case 4: tile6(x, K, w, N, y, n0, m0, 4); break;
+            case 3: tile6(x, K, w, N, y, n0, m0, 3); break;
+            case 2: tile6(x, K, w, N, y, n0, m0, 2); break;
+            case 1: tile6(x, K, w, N, y, n0, m0, 1); break;
+        }
+    }
+    return 0;
+}
+
+AVX2 int inferlab_f32_gemv_avx2(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
+    if (streams(M, K, N)) {
+        stream(x, M, K, w, N, y, nthreads);
+        return 0;
+    }
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n0 = 0; n0 < N; n0 += TILE_N) {
+        int m0 = 0;
+        for (; m0 + 2 <= M; m0 += 2) tile2(x, K, w, N, y, n0, m0, 2);
+        if (m0 < M) tile2(x, K, w, N, y, n0, m0, 1);
     }
     return 0;
 }

@@ -53,7 +53,7 @@ def _loop(capability: str) -> Loop | None:
     # declared once, so a call passes plain ints (a decode step makes ~120 of these calls)
     function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                          ctypes.c_void_p, ctypes.c_int]
-    return Loop(isa, {"avx512": 16, "avx2": 8, "neon": 4}[isa], function)
+    return Loop(isa, {"avx512": 8, "avx2": 8, "neon": 4}[isa], function)  # x86: 8-float vectors in both
 
 
 def loop() -> Loop | None:
