@@ -74,7 +74,7 @@ AVX2 static inline __attribute__((always_inline)) void row256(const float *x, in
 
 static int streams(int M, int K, int N) { return M <= STREAM_MAX && (size_t)K * N * sizeof(float) >= STREAM_BYTES; }
 
-AVX2 static void stream(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
+AVX2 static int stream(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
         switch (M) {  /* constant row counts, so each row's loops unroll */
@@ -88,6 +88,7 @@ AVX2 static void stream(const float *x, int M, int K, const float *w, int N, flo
             case 1: row256(x, K, w, N, y, n, 1); break;
         }
     }
+    return 0;
 }
 
 /* A tile of TILE_N weight rows against MR activation rows (from row m0): the same sums as row256's. */
@@ -116,10 +117,7 @@ TILE(tile6, AVX512, 6)  /* 24 accumulators + 4 weight vectors + x: AVX-512's 32 
 TILE(tile2, AVX2, 2)    /* 8 + 4 + 1 of AVX2's 16 */
 
 AVX512 int inferlab_f32_gemv_avx512(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
-    if (streams(M, K, N)) {
-        stream(x, M, K, w, N, y, nthreads);
-        return 0;
-    }
+    if (streams(M, K, N)) return stream(x, M, K, w, N, y, nthreads);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n0 = 0; n0 < N; n0 += TILE_N) {
         int m0 = 0;
@@ -136,10 +134,7 @@ AVX512 int inferlab_f32_gemv_avx512(const float *x, int M, int K, const float *w
 }
 
 AVX2 int inferlab_f32_gemv_avx2(const float *x, int M, int K, const float *w, int N, float *y, int nthreads) {
-    if (streams(M, K, N)) {
-        stream(x, M, K, w, N, y, nthreads);
-        return 0;
-    }
+    if (streams(M, K, N)) return stream(x, M, K, w, N, y, nthreads);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n0 = 0; n0 < N; n0 += TILE_N) {
         int m0 = 0;
