@@ -379,8 +379,9 @@ def engine_table(model, tok, ks=(2, 4), batch_sizes=(1, 4, 16), prompt_tokens: i
                 for key, run in timed.items():
                     tries.setdefault(key, []).append((run, plain))
         # each method's median repeat by its decode speedup (the lower middle one of an even count): a
-        # step that stalls (a busy core taking one of the engine's threads before it drops to one, up to
-        # 200 ms at batch 16) moves the repeat it lands in, not the median
+        # repeat that a burst of other work slowed on one side moves itself, not the median (a step that
+        # stalls outright, 0.2-3 s where a batch-16 step takes 20-30 ms, already counts at its run's
+        # median: step_profile.STALL)
         best = {key: _median_repeat(pairs) for key, pairs in tries.items()}
         plain_out = next(iter(best.values()))[1][1]
         emitted = sum(len(o) for o in plain_out)
