@@ -404,8 +404,7 @@ AVX2 INLINE void nibble_tile_rows(const int8_t *xq, const float *act, int K, int
         for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
         for (int b = 0; b < B; b++) {
             const uint8_t *p = tile + (size_t)b * tile_bytes;
-            if (m0 == 0 && h == 0)
-                for (int i = 0; i < tile_bytes; i += 64) _mm_prefetch((const char *)(p + 4 * tile_bytes + i), _MM_HINT_T0);
+            if (m0 == 0 && h == 0) PREFETCH_AHEAD(p, tile_bytes);
             __m256i lo[4], hi[4];
             nibble_unpack(p, h, lo, hi);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 256 + 16 * h)));
@@ -464,8 +463,7 @@ AVX2 INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
             for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
             for (int blk = 0; blk < blocks; blk++) {
                 const uint8_t *c = p + blk * 256;
-                if (m0 == 0 && h == 0)
-                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(c + 4 * group_bytes + 64 * i), _MM_HINT_T0);
+                if (m0 == 0 && h == 0) PREFETCH_AHEAD(c, 256);
                 __m256i lo[4], hi[4];
                 nibble_unpack(c, h, lo, hi);
                 const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
@@ -514,8 +512,7 @@ AVX2 INLINE void q8_0_tile_rows(const int8_t *xq, const float *xs, int K, int B,
         for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
         for (int b = 0; b < B; b++) {
             const uint8_t *p = tile + (size_t)b * 544;
-            if (m0 == 0 && h == 0)
-                for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(p + 4 * 544 + 64 * i), _MM_HINT_T0);
+            if (m0 == 0 && h == 0) PREFETCH_AHEAD(p, 544);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 512 + 16 * h)));
             __m256i dot[4];
             for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
@@ -555,8 +552,7 @@ AVX2 INLINE void int8_tile_rows(const int16_t *xq, const float *xs, int K, int B
         for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
         for (int b = 0; b < B; b++) {
             const int8_t *p = tile + (size_t)b * 512;
-            if (m0 == 0 && h == 0)
-                for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(p + 4 * 512 + 64 * i), _MM_HINT_T0);
+            if (m0 == 0 && h == 0) PREFETCH_AHEAD(p, 512);
             __m256i dot[4];
             for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
             for (int i = 0; i < 16; i++) {
@@ -599,8 +595,7 @@ AVX2 INLINE void q4_k_tile_rows(const int8_t *xq, const float *xs, const int32_t
         for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
         for (int s = 0; s < S; s++) {
             const uint8_t *p = tile + (size_t)s * Q4_K_TILE_BYTES, *nums = p + 2048;
-            if (m0 == 0 && h == 0)
-                for (int i = 0; i < Q4_K_TILE_BYTES; i += 64) _mm_prefetch((const char *)(p + Q4_K_TILE_BYTES + i), _MM_HINT_T0);
+            if (m0 == 0 && h == 0) PREFETCH_AHEAD(p, Q4_K_TILE_BYTES);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(nums + 16 * h)));
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(nums + 32 + 16 * h)));
             for (int sub = 0; sub < 8; sub++) {  /* sub-block 2i + nib: chunk i's low (nib 0) or high nibbles */

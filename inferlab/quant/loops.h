@@ -128,6 +128,18 @@ static void free_activations(void *codes, float *xs, int32_t *xsum) {
     } while (0)
 #define INLINE static inline __attribute__((always_inline))
 
+/* How far ahead of its work a tile loop asks for the codes: a tile of 16 outputs is read once, in
+   order, so a prefetch of the bytes TILE_AHEAD on, as each tile's block is used, keeps the memory
+   busy while the rows' multiply-adds run. At 5 rows and more the loops are compute-bound (their
+   multiply-adds take as long as reading the weights), and a distance of a few tiles (1-2 KB, under
+   the memory's latency at that pace) left them waiting on memory between blocks as well. */
+#ifndef TILE_AHEAD
+#define TILE_AHEAD 8192
+#endif
+#define PREFETCH_AHEAD(p, bytes) do { \
+        for (int i_ = 0; i_ < (bytes); i_ += 64) __builtin_prefetch((const char *)(p) + TILE_AHEAD + i_, 0, 3); \
+    } while (0)
+
 /* Q4_K's 12 bytes of 6-bit sub-block scales and mins (q6): sub-blocks 0-3 keep theirs in the low
    6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 put their low 4 bits in bytes 8-11
    and their top 2 bits in the spare top bits of bytes 0-7 (llama.cpp's get_scale_min_k4). */

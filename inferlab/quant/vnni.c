@@ -103,8 +103,7 @@ VNNI INLINE void int8_tile_rows(const int16_t *xq, const float *xs, int K, int B
     for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < B; b++) {
         const int8_t *p = tile + (size_t)b * 512;
-        if (m0 == 0)
-            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(p + 4 * 512 + 64 * i), _MM_HINT_T0);
+        if (m0 == 0) PREFETCH_AHEAD(p, 512);
         __m512i dot0[6], dot1[6];
         for (int j = 0; j < MR; j++) { dot0[j] = _mm512_setzero_si512(); dot1[j] = _mm512_setzero_si512(); }
         for (int i = 0; i < 16; i += 2) {
@@ -227,8 +226,7 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
         for (int j = 0; j < MR; j++) { dl[j] = _mm512_setzero_si512(); dh[j] = _mm512_setzero_si512(); }
         for (int blk = 0; blk < blocks; blk++) {
             const uint8_t *c = p + blk * 256;
-            if (m0 == 0)
-                for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(c + 4 * group_bytes + 64 * i), _MM_HINT_T0);
+            if (m0 == 0) PREFETCH_AHEAD(c, 256);
             __m512i lo[4], hi[4];
             for (int i = 0; i < 4; i++) {
                 const __m512i v = _mm512_loadu_si512(c + 64 * i);
@@ -407,13 +405,7 @@ VNNI INLINE void nibble_tile_rows(const uint8_t *xq, const float *act, int K, in
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); cacc[j] = _mm512_setzero_ps(); }
     for (int b = 0; b < B; b++) {
         const uint8_t *p = tile + (size_t)b * tile_bytes;
-        if (m0 == 0) {
-            _mm_prefetch((const char *)(p + 4 * tile_bytes), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + 4 * tile_bytes + 64), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + 4 * tile_bytes + 128), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + 4 * tile_bytes + 192), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + 4 * tile_bytes + 256), _MM_HINT_T0);
-        }
+        if (m0 == 0) PREFETCH_AHEAD(p, tile_bytes);
         __m512i lo[4], hi[4];
         for (int i = 0; i < 4; i++) {
             const __m512i v = _mm512_loadu_si512(p + 64 * i);
@@ -488,8 +480,7 @@ VNNI INLINE void q8_0_tile_rows(const uint8_t *xu, const float *xs, int K, int B
     for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < B; b++) {
         const uint8_t *p = tile + (size_t)b * 544;
-        if (m0 == 0)
-            for (int i = 0; i < 9; i++) _mm_prefetch((const char *)(p + 4 * 544 + 64 * i), _MM_HINT_T0);
+        if (m0 == 0) PREFETCH_AHEAD(p, 544);
         __m512i w[8], wsum = _mm512_setzero_si512();
         for (int i = 0; i < 8; i++) {
             w[i] = _mm512_loadu_si512(p + 64 * i);
@@ -595,8 +586,7 @@ VNNI INLINE void q4_k_tile_rows(const uint8_t *xq, const float *xs, const int32_
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); macc[j] = _mm512_setzero_ps(); }
     for (int s = 0; s < S; s++) {
         const uint8_t *p = tile + (size_t)s * Q4_K_TILE_BYTES, *nums = p + 2048;
-        if (m0 == 0)
-            for (int i = 0; i < Q4_K_TILE_BYTES; i += 64) _mm_prefetch((const char *)(p + Q4_K_TILE_BYTES + i), _MM_HINT_T0);
+        if (m0 == 0) PREFETCH_AHEAD(p, Q4_K_TILE_BYTES);
         for (int i = 0; i < 4; i++) {  /* columns 64i..64i + 63: sub-blocks 2i (low nibbles) and 2i + 1 (high) */
             const uint8_t *c = p + 512 * i;
             /* one register of codes at a time, met by every row: the rows' sums, not the chunk's 16

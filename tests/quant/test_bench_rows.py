@@ -58,3 +58,22 @@ def test_one_c_call_runs_the_modules_products():
         with torch.inference_mode():
             want = last(x.flatten()[:3 * last.in_features].view(3, last.in_features))
         torch.testing.assert_close(y.flatten()[:3 * last.out_features].view(3, -1), want, rtol=1e-5, atol=1e-5)
+
+
+def test_each_timed_pass_follows_a_pass_over_the_same_weights(monkeypatch):
+    """The cache keeps part of a pass for the next pass over the same weights: a pass timed straight
+    after another format's read its weights colder than the rest, so every pass runs twice in a row
+    (untimed, then timed) and every ratio compares passes that find the cache in the same state."""
+    seen = []
+    real_call = LinearsCall.__call__
+
+    def recorded(self, x, y):
+        seen.append((id(self), x.shape[0]))
+        return real_call(self, x, y)
+
+    monkeypatch.setattr(LinearsCall, "__call__", recorded)
+    bench_rows.run("target", formats=("fp32", "q8_0"), rows=(1, 5), repeats=1)
+    # 2 formats x 2 row counts x (memory, cache) x 2 rounds (one warms up), each pass twice in a row
+    assert len(seen) == 2 * 2 * 2 * 2 * 2
+    assert seen[0::2] == seen[1::2]
+    assert len(set(seen[0::2])) == 8
