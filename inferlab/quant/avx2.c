@@ -634,3 +634,32 @@ AVX2 int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     free_activations(xq, xs, xsum);
     return 0;
 }
+
+/* The CPU's peak rate of 8-bit multiply-adds, for `inferlab bench rows` (vnni.c has the AVX-512
+   one): `iters` rounds of 12 independent vpmaddubsw + vpaddw chains per thread, no memory; 32
+   multiply-adds a pair, the cheapest form the loops above take them in. Returns the multiply-adds
+   done; the caller times the call. */
+static volatile long peak_sink;
+AVX2 long inferlab_peak_int8_macs(long iters, int nthreads) {
+    long sink = 0;
+    #pragma omp parallel num_threads(nthreads) reduction(+:sink)
+    {
+        __m256i a[12], w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+        for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi16((short)i);
+        for (long it = 0; it < iters; it++) {
+            for (int i = 0; i < 12; i++) a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w, x));
+            __asm__ volatile("" : "+x"(w), "+x"(x));  /* the inputs may change: no folding the chains */
+        }
+        __m256i s = a[0];
+        for (int i = 1; i < 12; i++) s = _mm256_add_epi16(s, a[i]);
+        sink += _mm256_extract_epi16(s, 0);
+    }
+    int threads = 0;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        #pragma omp atomic
+        threads++;
+    }
+    peak_sink = sink;  /* kept: the chains' sums must be used */
+    return iters * 12L * 32L * threads;
+}

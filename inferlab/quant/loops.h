@@ -8,6 +8,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The quantizer is inlined into each loop's function, so it is compiled for that function's
+   instructions (AVX-512, AVX2) and its group loops vectorise: on its own it was built for the
+   baseline x86-64 and took a fifth of a 5-row Q4_1 pass, on one thread while the other waited. */
+#define QUANTIZER static inline __attribute__((always_inline))
 
 /* The activation quantizer every loop calls: x [M, K] in groups of `group` columns (32 for the
    llama.cpp blocks and INT8, the weight's group for INT4), each group one scale xs = amax / levels and
@@ -28,18 +34,22 @@ static inline int round_even(float v) {
     return (int)((v + magic) - magic);
 }
 
-static void quantize_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
+QUANTIZER void quantize_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
                                  void *codes, float *xs, int32_t *xsum) {
     const int G = K / group;
     const size_t half = (size_t)K / 2, odd = (size_t)M * half;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < G; g++) {
             const float *xg = x + (size_t)m * K + (size_t)g * group;
-            float amax = 0.f;
+            uint32_t abs_max = 0;  /* the largest |x| as bits: the order of non-negative floats, in a loop that vectorises */
             for (int i = 0; i < group; i++) {
-                const float a = fabsf(xg[i]);
-                amax = a > amax ? a : amax;
+                uint32_t bits;
+                memcpy(&bits, xg + i, 4);
+                bits &= 0x7FFFFFFFu;
+                abs_max = bits > abs_max ? bits : abs_max;
             }
+            float amax;
+            memcpy(&amax, &abs_max, 4);
             const float inv = amax > 0.f ? (float)levels / amax : 0.f;
             int32_t sum = 0;
             const size_t k0 = (size_t)g * group;
@@ -86,7 +96,7 @@ static int activation_buffers(int M, int K, int group, int code_bytes, void **co
 
 /* Allocate the buffers and quantize x into them (xsum NULL: no group sums wanted); 0, or -1 with
    nothing left allocated. free_activations gives them back. */
-static int quantized_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
+QUANTIZER int quantized_activations(const float *x, int M, int K, int group, int levels, int split, int shift,
                                  void **codes, float **xs, int32_t **xsum) {
     if (activation_buffers(M, K, group, levels > 127 ? 2 : 1, codes, xs, xsum)) return -1;
     quantize_activations(x, M, K, group, levels, split, shift, *codes, *xs, xsum ? *xsum : NULL);

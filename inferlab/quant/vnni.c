@@ -689,3 +689,34 @@ int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, cons
     free(xe);
     return 0;
 }
+
+#ifndef INFERLAB_PORTABLE
+/* The CPU's peak rate of 8-bit multiply-adds, for `inferlab bench rows`: `iters` rounds of 12
+   independent vpdpbusd chains per thread (enough to hide the instruction's latency), no memory.
+   Returns the multiply-adds done; the caller times the call. A loop over quantized weights can do
+   no better than this rate, so k rows' multiply-adds over it is the least k rows can cost. */
+static volatile long peak_sink;
+VNNI long inferlab_peak_int8_macs(long iters, int nthreads) {
+    long sink = 0;
+    #pragma omp parallel num_threads(nthreads) reduction(+:sink)
+    {
+        __m512i a[12], w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+        for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(i);
+        for (long it = 0; it < iters; it++) {
+            for (int i = 0; i < 12; i++) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+            __asm__ volatile("" : "+v"(w), "+v"(x));  /* the inputs may change: no folding the chains */
+        }
+        __m512i s = a[0];
+        for (int i = 1; i < 12; i++) s = _mm512_add_epi32(s, a[i]);
+        sink += _mm512_reduce_add_epi32(s);
+    }
+    int threads = 0;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        #pragma omp atomic
+        threads++;
+    }
+    peak_sink = sink;  /* kept: the chains' sums must be used */
+    return iters * 12L * 64L * threads;
+}
+#endif

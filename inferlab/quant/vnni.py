@@ -37,6 +37,7 @@ import os
 import platform
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -176,6 +177,30 @@ def isa() -> str | None:
     if lib is _neon_library():
         return "neon-dotprod" if lib.inferlab_neon_dotprod() else "neon"
     return "portable" if lib is _portable_library() else "avx2" if lib is _avx2_library() else "avx512-vnni"
+
+
+def peak_int8_macs(nthreads: int, seconds: float = 0.05) -> float | None:
+    """The CPU's peak rate of 8-bit multiply-adds on ``nthreads`` threads, per second (vpdpbusd on
+    AVX-512 VNNI, vpmaddubsw on AVX2), best of 3 runs of about ``seconds``; None where the loops here
+    have no such measure (NEON, the portable build, no library)."""
+    lib = _library() if available() else None
+    if lib is None or not hasattr(lib, "inferlab_peak_int8_macs"):
+        return None
+    fn = lib.inferlab_peak_int8_macs
+    fn.restype, fn.argtypes = ctypes.c_long, (ctypes.c_long, ctypes.c_int)
+    iters, best = 10_000, 0.0
+    while True:
+        t = time.perf_counter()
+        macs = fn(iters, nthreads)
+        took = time.perf_counter() - t
+        if took >= seconds / 4:
+            break
+        iters *= 4
+    for _ in range(3):
+        t = time.perf_counter()
+        macs = fn(iters, nthreads)
+        best = max(best, macs / (time.perf_counter() - t))
+    return best
 
 
 def available() -> bool:
