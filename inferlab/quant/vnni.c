@@ -222,8 +222,8 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); zacc[j] = _mm512_setzero_ps(); }
     for (int g = 0; g < G; g++) {
         const uint8_t *p = tile + (size_t)g * group_bytes;
-        __m512i dl[6], dh[6];
-        for (int j = 0; j < MR; j++) { dl[j] = _mm512_setzero_si512(); dh[j] = _mm512_setzero_si512(); }
+        __m512i dl[6];
+        for (int j = 0; j < MR; j++) dl[j] = _mm512_setzero_si512();
         for (int blk = 0; blk < blocks; blk++) {
             const uint8_t *c = p + blk * 256;
             if (m0 == 0) PREFETCH_AHEAD(c, 256);
@@ -234,22 +234,24 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
             const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
-            for (int j = 0; j < MR; j++) {
+            for (int j = 0; j < MR; j++) {  /* the block's products in two short chains, added to the row's group sum */
                 const int8_t *e = xe + (size_t)(m0 + j) * half + col, *o = xo + (size_t)(m0 + j) * half + col;
+                __m512i tl = _mm512_setzero_si512(), th = _mm512_setzero_si512();
                 for (int i = 0; i < 4; i++) {
                     int32_t x_e, x_o;
                     memcpy(&x_e, e + 4 * i, 4);
                     memcpy(&x_o, o + 4 * i, 4);
-                    dl[j] = _mm512_dpbusd_epi32(dl[j], lo[i], _mm512_set1_epi32(x_e));
-                    dh[j] = _mm512_dpbusd_epi32(dh[j], hi[i], _mm512_set1_epi32(x_o));
+                    tl = _mm512_dpbusd_epi32(tl, lo[i], _mm512_set1_epi32(x_e));
+                    th = _mm512_dpbusd_epi32(th, hi[i], _mm512_set1_epi32(x_o));
                 }
+                dl[j] = _mm512_add_epi32(dl[j], _mm512_add_epi32(tl, th));
             }
         }
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + blocks * 256)));
         const __m512 sz = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 32)))));
         for (int j = 0; j < MR; j++) {  /* sum_k (q - z) s xs xq = s xs (sum_k q xq) - s z xs (sum_k xq) */
             const float sx = xs[(size_t)(m0 + j) * G + g];
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dl[j], dh[j])), _mm512_mul_ps(s, _mm512_set1_ps(sx)), acc[j]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(s, _mm512_set1_ps(sx)), acc[j]);
             zacc[j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(sx * (float)xsum[(size_t)(m0 + j) * G + g]), zacc[j]);
         }
     }
