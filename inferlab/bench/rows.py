@@ -11,17 +11,23 @@ format without loops here runs its modules instead, and ``fp32-torch`` is ``F.li
 weights for comparison. Rows of every (format, row count) are interleaved round-robin, best of
 ``--repeats``, so each ratio compares runs made under the same machine load.
 
-Each timed pass follows an untimed pass over the same weights and rows, as a decode step follows
-the last one. The CPU's last-level cache (32 MB on the machine these figures come from) keeps part
-of a 66 MB pass for the next pass over the same weights, and none after a pass over another
-format's: timed straight after another format, one row took 1.5-1.7 ms against 1.2 ms after its
-own pass, and the ratios of the rows timed after their own format's passes came out 10-20% low.
+Every pass from memory starts with none of its weights in the CPU's cache: a 256 MB buffer is read
+just before it. The last-level cache (32 MB on the machine these figures come from) keeps a part
+of a 66 MB pass for later passes over the same weights, more the more passes in a row, so without
+this the row count timed first after another format's passes found its weights colder than the
+rest: one row read 1.5-1.7 ms against 1.2, and 2 rows cost 0.85-0.9x one row. The passes in
+cache follow an untimed pass over the same weights.
 
 Where the goal is missed, the second table says why: the same number of calls over the first
 layer's projections only, whose weights stay in the CPU's cache, times the arithmetic without the
 memory. ``floor`` is that in-cache time for 5 rows over one row from memory: a loop that read the
 weights for free could still not do 5 rows in less, so a floor above the goal means the arithmetic
 per row (multiplying the codes out, on this many cores), not the reading, is what extra rows cost.
+``roof`` is the same over the CPU's peak rate of 8-bit multiply-adds (``vnni.peak_int8_macs``: the
+loops' instruction in independent chains, no memory), for the formats whose loops run it: a floor
+above the goal with a roof below it is a loop that leaves the CPU's arithmetic idle, not a limit
+of the machine (on the 2-core AMD EPYC these figures come from: about 1,000 GMAC/s, so 5 rows of
+smollm2's 106 M weights need 0.5 ms where one row reads its Q4_1 weights in 1.2 ms).
 
     inferlab bench rows --model smollm2 --formats fp32,int8,int4,q8_0,q4_1,q4_k,nf4
 """
@@ -41,6 +47,15 @@ from inferlab.model.decode_layers import LinearsCall
 ROWS = (1, 2, 5, 9, 17)
 FORMATS = ("fp32", "fp32-torch", "int8", "int4", "nf4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
 GOAL = 1.15  # 5 rows may cost at most this many times one row
+
+
+EVICT_BYTES = 256 << 20  # read before each pass from memory: several times any CPU's last-level cache
+
+
+def evict(buffer: torch.Tensor) -> None:
+    """Read ``buffer`` (larger than the CPU's last-level cache), so the next pass finds none of its
+    weights there."""
+    buffer.sum()
 
 
 def layer_linears(model_name: str, fmt: str) -> list[list]:
@@ -91,12 +106,16 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
     wide = {r: torch.randn(r, max(widths)) for r in rows}
     out_buf = {r: torch.empty(r, max(m.out_features for ls in linears.values() for m in ls)) for r in rows}
     best = {(f, r, where): float("inf") for f in formats for r in rows for where in ("memory", "cache")}
+    evictor = torch.ones(EVICT_BYTES // 4)
     for _ in range(repeats + 1):  # the first round warms up (and builds the loops)
         for f in formats:
             for r in rows:
                 for where, ms in (("memory", linears[f]), ("cache", cached[f])):
                     call = calls[f, where]
-                    for timed in (False, True):  # a pass untimed first: see the module docstring
+                    for timed in (False, True):  # the cache set first: see the module docstring
+                        if not timed and where == "memory":
+                            evict(evictor)
+                            continue
                         with held():  # as a model's forward does: the loop settings read once for the pass
                             t = time.perf_counter()
                             if call is not None:
@@ -119,13 +138,35 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
                                      "met": out[f]["vs_one_row"]["5"] <= GOAL,
                                      # 5 rows' arithmetic alone, over one row from memory
                                      "floor": round(best[f, 5, "cache"] / one, 3)}
+    roof = _roof(per_layer, formats, out)
     if "fp32" in formats and "fp32-torch" in formats:
         out["fp32"]["vs_torch"] = {str(r): round(best["fp32-torch", r, "memory"] / best["fp32", r, "memory"], 3) for r in rows}
     for f in formats:
         out[f]["timed"] = "C loops, one call a pass" if calls[f, "memory"] is not None else "module calls"
-    return {"model": model_name, "threads": torch.get_num_threads(), "repeats": repeats,
+    return {"model": model_name, "threads": torch.get_num_threads(), "repeats": repeats, "roof": roof,
             "timing": "one pass over every layer projection, best of repeats, formats and row counts interleaved",
             "formats": out}
+
+
+#: Formats whose loops multiply 8-bit activation codes (INT8's keep 16 bits, NF4 stays in float).
+INT8_LOOPS = ("int4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
+
+
+def _roof(per_layer: dict, formats, out: dict) -> dict | None:
+    """The CPU's peak rate of 8-bit multiply-adds (``vnni.peak_int8_macs``) and, for each format
+    whose loops run at that rate's instructions, the least 5 rows could cost at it, over one row:
+    a goal the roof allows but the floor misses is the loop's arithmetic, not the machine's."""
+    from inferlab.quant import vnni
+    rate = vnni.peak_int8_macs(torch.get_num_threads())
+    if rate is None:
+        return None
+    some = next(iter(per_layer.values()))
+    macs = sum(m.in_features * m.out_features for layer in some for m in layer)
+    roof = {"gmacs": round(rate / 1e9, 1), "macs_per_row": macs}
+    for f in formats:
+        if f in INT8_LOOPS and "goal_5_rows" in out[f]:
+            out[f]["goal_5_rows"]["roof"] = round(5 * macs / rate / (out[f]["one_row_ms"] / 1e3), 3)
+    return roof
 
 
 def table(res: dict) -> str:
@@ -139,11 +180,15 @@ def table(res: dict) -> str:
                      + ("" if r["timed"].startswith("C") else f"  [{r['timed']}]"))
     lines.append("in cache (layer 0's projections as many times: the arithmetic alone; floor = 5 rows in cache "
                  "over 1 row from memory)")
-    lines.append(f"{'format':<11} {'1 row ms':>9} " + " ".join(f"{r + ' rows':>8}" for r in rows[1:]) + "  floor")
+    lines.append(f"{'format':<11} {'1 row ms':>9} " + " ".join(f"{r + ' rows':>8}" for r in rows[1:]) + "  floor   roof")
     for f, r in res["formats"].items():
         c, goal = r["in_cache"], r.get("goal_5_rows")
         lines.append(f"{f:<11} {c['one_row_ms']:>9.1f} " + " ".join(f"{c['vs_one_row'][n]:>7.2f}x" for n in rows[1:])
-                     + ("" if goal is None else f"  {goal['floor']:.2f}x"))
+                     + ("" if goal is None else f"  {goal['floor']:.2f}x")
+                     + ("" if goal is None or "roof" not in goal else f"  {goal['roof']:.2f}x"))
+    if res.get("roof"):
+        lines.append(f"roof = 5 rows' 8-bit multiply-adds at this CPU's peak rate ({res['roof']['gmacs']:.0f} GMAC/s on "
+                     f"{res['threads']} threads, no memory) over 1 row from memory: the least any loop could cost")
     if "vs_torch" in res["formats"].get("fp32", {}):
         lines.append("fp32 loop vs F.linear (speedup): " + ", ".join(
             f"{n} rows {v:.2f}x" for n, v in res["formats"]["fp32"]["vs_torch"].items()))

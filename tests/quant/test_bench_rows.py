@@ -35,6 +35,11 @@ def test_rows_table_times_memory_and_cache_passes(monkeypatch):
     assert [len({id(m) for m in p}) for p in passes] == [n, len(layers[0]), n, len(layers[0])]
     assert set(res["formats"]["fp32"]["vs_torch"]) == {"1", "5"}
     assert "floor" in bench_rows.table(res)
+    from inferlab.quant import vnni
+    if vnni.peak_int8_macs(1, seconds=0.01) is not None:  # the x86 builds: q8_0's loops run the roof's instruction
+        assert res["roof"]["macs_per_row"] == sum(m.in_features * m.out_features for layer in layers for m in layer)
+        assert res["formats"]["q8_0"]["goal_5_rows"]["roof"] > 0 and "roof" not in res["formats"]["fp32"]["goal_5_rows"]
+        assert "GMAC/s" in bench_rows.table(res)
 
 
 def test_one_c_call_runs_the_modules_products():
@@ -60,10 +65,11 @@ def test_one_c_call_runs_the_modules_products():
         torch.testing.assert_close(y.flatten()[:3 * last.out_features].view(3, -1), want, rtol=1e-5, atol=1e-5)
 
 
-def test_each_timed_pass_follows_a_pass_over_the_same_weights(monkeypatch):
-    """The cache keeps part of a pass for the next pass over the same weights: a pass timed straight
-    after another format's read its weights colder than the rest, so every pass runs twice in a row
-    (untimed, then timed) and every ratio compares passes that find the cache in the same state."""
+def test_each_pass_from_memory_starts_with_the_cache_emptied(monkeypatch):
+    """The cache keeps part of a pass for the next passes over the same weights, more the more
+    passes in a row: the row count timed first after another format's passes read its weights
+    colder than the rest. So every pass from memory follows a read of a buffer larger than the
+    cache, and every pass in cache follows an untimed pass over the same weights."""
     seen = []
     real_call = LinearsCall.__call__
 
@@ -72,8 +78,11 @@ def test_each_timed_pass_follows_a_pass_over_the_same_weights(monkeypatch):
         return real_call(self, x, y)
 
     monkeypatch.setattr(LinearsCall, "__call__", recorded)
+    monkeypatch.setattr(bench_rows, "evict", lambda buffer: seen.append(("evict", buffer.numel() * 4)))
     bench_rows.run("target", formats=("fp32", "q8_0"), rows=(1, 5), repeats=1)
-    # 2 formats x 2 row counts x (memory, cache) x 2 rounds (one warms up), each pass twice in a row
-    assert len(seen) == 2 * 2 * 2 * 2 * 2
-    assert seen[0::2] == seen[1::2]
-    assert len(set(seen[0::2])) == 8
+    # 2 formats x 2 row counts x 2 rounds (one warms up) x (evict, memory pass, cache pass, cache pass)
+    assert len(seen) == 2 * 2 * 2 * 4
+    quads = [seen[i:i + 4] for i in range(0, len(seen), 4)]
+    assert all(q[0] == ("evict", bench_rows.EVICT_BYTES) and q[1][0] != "evict" and q[2] == q[3] != q[1]
+               for q in quads)
+    assert len({q[1] for q in quads}) == len({q[2] for q in quads}) == 4
