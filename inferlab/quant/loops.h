@@ -25,13 +25,14 @@
    - xsum (or NULL where no loop reads it): each group's sum of codes, for the loops that take a
      zero point or a block constant out of the integer sum (sum (q - z) xq = sum q xq - z sum xq).
    codes holds M * K codes of 1 byte (levels 127) or 2; xs and xsum M * (K / group). */
-/* v rounded to the nearest integer, half to even, without a call to nearbyintf: adding 1.5 * 2^23
-   leaves no bits below the units, so the float unit rounds (in its default mode) and subtracting it
-   back gives the integer, exact for |v| < 2^22 (the codes stay within 32767). A call per value, with
-   fmaxf's for the maximum, took longer than the loop over the weights at 16 rows. */
+/* v rounded to the nearest integer, half to even, as torch rounds: rintf in the default rounding
+   mode, which the compilers turn into one instruction (vrndscaleps, frintx) that vectorises. An
+   older form added and subtracted 1.5 * 2^23; inlined into a function built with FMA, the compiler
+   fused x * inv + 2^23 into one multiply-add with a single rounding, and a code that lies exactly
+   half way moved by one (greedy tokens of notebook 07 changed). rintf(x * inv) rounds the product
+   to a float first, as the reference does. */
 static inline int round_even(float v) {
-    const float magic = 12582912.0f;
-    return (int)((v + magic) - magic);
+    return (int)rintf(v);
 }
 
 QUANTIZER void quantize_activations(const float *x, int M, int K, int group, int levels, int split, int shift,

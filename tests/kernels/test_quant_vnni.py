@@ -238,3 +238,50 @@ def test_a_failed_build_is_said_once_and_the_compiled_products_run(monkeypatch, 
     said = [r.getMessage() for r in caplog.records if "did not build" in r.getMessage()]
     assert said and len(said) == len(set(said))  # each build that failed is said once
     assert not list(tmp_path.rglob("*.so"))  # nothing half-written left in the cache
+
+
+def _half_way_activations(rows: int, k: int, top: int = 127) -> torch.Tensor:
+    """Rows of blocks of 32 whose largest |x| is 3 and whose other values x give x * (top / 3), rounded
+    to a float, exactly k + 1/2, where the exact product is not: rounded once more (half to even),
+    as torch rounds, each lands on the even side; a multiply-add that fuses x * inv with the
+    rounding's addition sees the exact product and rounds some of them the other way."""
+    import numpy as np
+    inv = np.float32(top) / np.float32(3.0)
+    found = []
+    for half in np.arange(0.5, top - 1, 1.0):
+        x = np.float32(half / np.float64(inv))
+        for step in range(-3, 4):
+            c = np.nextafter(x, np.float32(np.inf) if step > 0 else np.float32(-np.inf))
+            c = x if step == 0 else c
+            for _ in range(abs(step) - 1):
+                c = np.nextafter(c, np.float32(np.inf) if step > 0 else np.float32(-np.inf))
+            exact = np.float64(c) * np.float64(inv)  # exact: 24 + 24 bits
+            if np.float32(exact) == half and exact != half:
+                found.append(float(c))
+                break
+    vals = torch.tensor(found)
+    assert len(vals) > 20
+    x = vals[torch.arange(rows * k) % len(vals)].view(rows, k // 32, 32)
+    x = x * torch.where(torch.arange(rows * k).view(rows, k // 32, 32) % 3 == 0, -1.0, 1.0)
+    x[:, :, 7] = 3.0  # each block's largest |x|
+    return x.view(rows, k)
+
+
+@pytest.mark.parametrize("ggml_type,n", [("q8_0", 40), ("q8_0", 48), ("q4_1", 48)])
+def test_activations_half_way_between_codes_round_as_torch_rounds(loops, ggml_type, n):
+    """The quantizer rounds x * inv to a float, then to the nearest code, half to even: a compiler
+    that fuses the product into the rounding's arithmetic (an FMA) rounds once, and moves codes
+    that lie half way. Plain rows (40 outputs) and tiles (48) of blocks, and INT4's split layout."""
+    torch.manual_seed(0)
+    k, rows = 128, 3
+    x = _half_way_activations(rows, k)
+    mod = GGMLLinear.from_float(nn.Linear(k, n, bias=False), ggml_type)
+    xq, xs = _codes(x.view(rows, k // 32, 32))
+    with torch.inference_mode():
+        out = mod(x)
+    model = (xq * xs).view(rows, k) @ mod.dequantize().t()
+    torch.testing.assert_close(out, model, rtol=1e-5, atol=1e-5)
+    imod = Int4Linear.from_float(nn.Linear(k, 32, bias=False), 64, 4)
+    with torch.inference_mode():
+        iout = imod(x)
+    torch.testing.assert_close(iout, _w4a8(x, imod), rtol=1e-5, atol=1e-5)
