@@ -654,12 +654,6 @@ AVX2 long inferlab_peak_int8_macs(long iters, int nthreads) {
         for (int i = 1; i < 12; i++) s = _mm256_add_epi16(s, a[i]);
         sink += _mm256_extract_epi16(s, 0);
     }
-    int threads = 0;
-    #pragma omp parallel num_threads(nthreads)
-    {
-        #pragma omp atomic
-        threads++;
-    }
     peak_sink = sink;  /* kept: the chains' sums must be used */
-    return iters * 12L * 32L * threads;
+    return iters * 12L * 32L * region_threads(nthreads);
 }
