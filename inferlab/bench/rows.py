@@ -58,6 +58,19 @@ def evict(buffer: torch.Tensor) -> None:
     buffer.sum()
 
 
+def _pass(call, modules, x, xs: dict, out) -> float:
+    """Seconds for one pass over ``modules``: their loops in one C call (``call``) over x, or each
+    module on its own input from ``xs`` (by width) where there is no call."""
+    with held():  # as a model's forward does: the loop settings read once for the pass
+        t = time.perf_counter()
+        if call is not None:
+            call(x, out)
+        else:
+            for m in modules:
+                m(xs[m.in_features])
+        return time.perf_counter() - t
+
+
 def layer_linears(model_name: str, fmt: str) -> list[list]:
     """The projections of each decoder layer of ``model_name`` in format ``fmt`` (the head left out:
     it runs once per step, not once per layer, and the engine computes it on sampled rows only)."""
@@ -111,20 +124,12 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
         for f in formats:
             for r in rows:
                 for where, ms in (("memory", linears[f]), ("cache", cached[f])):
-                    call = calls[f, where]
-                    for timed in (False, True):  # the cache set first: see the module docstring
-                        if not timed and where == "memory":
-                            evict(evictor)
-                            continue
-                        with held():  # as a model's forward does: the loop settings read once for the pass
-                            t = time.perf_counter()
-                            if call is not None:
-                                call(wide[r], out_buf[r])
-                            else:
-                                for m in ms:
-                                    m(xs[r][m.in_features])
-                            if timed:
-                                best[f, r, where] = min(best[f, r, where], time.perf_counter() - t)
+                    args = calls[f, where], ms, wide[r], xs[r], out_buf[r]
+                    if where == "memory":  # the cache set first: see the module docstring
+                        evict(evictor)
+                    else:
+                        _pass(*args)
+                    best[f, r, where] = min(best[f, r, where], _pass(*args))
     out = {}
     for f in formats:
         one, one_cached = best[f, 1, "memory"], best[f, 1, "cache"]

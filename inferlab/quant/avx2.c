@@ -642,8 +642,10 @@ AVX2 int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *t
 static volatile long peak_sink;
 AVX2 long inferlab_peak_int8_macs(long iters, int nthreads) {
     long sink = 0;
-    #pragma omp parallel num_threads(nthreads) reduction(+:sink)
+    int threads = 0;  /* the threads the region got: each did iters rounds */
+    #pragma omp parallel num_threads(nthreads) reduction(+:sink, threads)
     {
+        threads += 1;
         __m256i a[12], w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
         for (int i = 0; i < 12; i++) a[i] = _mm256_set1_epi16((short)i);
         for (long it = 0; it < iters; it++) {
@@ -655,5 +657,5 @@ AVX2 long inferlab_peak_int8_macs(long iters, int nthreads) {
         sink += _mm256_extract_epi16(s, 0);
     }
     peak_sink = sink;  /* kept: the chains' sums must be used */
-    return iters * 12L * 32L * region_threads(nthreads);
+    return iters * 12L * 32L * threads;
 }

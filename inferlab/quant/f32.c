@@ -19,7 +19,7 @@
      activation row with each vector it loads. More loads per product, but the core keeps one
      stream flowing while it computes, where a tile's four streams stall. Measured on smollm2's
      layer projections in fp32 (2 threads, AVX-512 EPYC, `inferlab bench rows`), 5 rows cost
-     1.04-1.05x one row, against 1.22-1.24x with tiles alone.
+     1.05-1.16x one row over five runs, against 1.22-1.24x with tiles alone.
    Both walks add a row's products in the same order (one 8-float accumulator along K, then its
    lanes), so a row's result is the same bits whatever rows run beside it and whichever walk ran
    it: a sequence's logits do not depend on its batch or on the verify it sits in. The x86 builds

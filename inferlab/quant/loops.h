@@ -145,18 +145,6 @@ static void free_activations(void *codes, float *xs, int32_t *xsum) {
     } while (0)
 #define INLINE static inline __attribute__((always_inline))
 
-/* How many threads an OpenMP region asked for `nthreads` gets here (1 in a build without OpenMP):
-   the peak-rate measures count the work all of them did. */
-static inline int region_threads(int nthreads) {
-    int threads = 0;
-    #pragma omp parallel num_threads(nthreads)
-    {
-        #pragma omp atomic
-        threads++;
-    }
-    return threads;
-}
-
 /* How far ahead of its work a tile loop asks for the codes: a tile of 16 outputs is read once, in
    order, so a prefetch of the bytes TILE_AHEAD on, as each tile's block is used, keeps the memory
    busy while the rows' multiply-adds run. At 5 rows and more the loops are compute-bound (their

@@ -700,8 +700,10 @@ int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, cons
 static volatile long peak_sink;
 VNNI long inferlab_peak_int8_macs(long iters, int nthreads) {
     long sink = 0;
-    #pragma omp parallel num_threads(nthreads) reduction(+:sink)
+    int threads = 0;  /* the threads the region got: each did iters rounds */
+    #pragma omp parallel num_threads(nthreads) reduction(+:sink, threads)
     {
+        threads += 1;
         __m512i a[12], w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
         for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(i);
         for (long it = 0; it < iters; it++) {
@@ -713,6 +715,6 @@ VNNI long inferlab_peak_int8_macs(long iters, int nthreads) {
         sink += _mm512_reduce_add_epi32(s);
     }
     peak_sink = sink;  /* kept: the chains' sums must be used */
-    return iters * 12L * 64L * region_threads(nthreads);
+    return iters * 12L * 64L * threads;
 }
 #endif
