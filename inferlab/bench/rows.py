@@ -153,8 +153,8 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
             "formats": out}
 
 
-#: Formats whose loops multiply 8-bit activation codes (INT8's keep 16 bits, NF4 stays in float).
-INT8_LOOPS = ("int4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
+#: Formats whose loops multiply 8-bit activation codes (INT8's keep 16 bits).
+INT8_LOOPS = ("int4", "nf4", "q8_0", "q4_0", "q4_1", "q4_k", "stored")
 
 
 def _roof(per_layer: dict, formats, out: dict) -> dict | None:

@@ -25,8 +25,8 @@
 /* The four shapes of a linear loop's arguments between (x, M, K) and (y, nthreads). */
 enum { SIG_P_I = 0,     /* f32 (weight, N), llama.cpp blocks (qweight, N) */
        SIG_PP_I = 1,    /* int8 (qweight, scales, N) */
-       SIG_PPP_II = 2,  /* int4 (qweight, scales, zeros, N, group), nf4 (qweight, absmax, code, N, blocksize) */
-       SIG_P_II = 3     /* int4 in tiles (tiles, N, group) */ };
+       SIG_PPP_II = 2,  /* int4 (qweight, scales, zeros, N, group), nf4 (qweight, absmax, table, N, blocksize) */
+       SIG_P_II = 3     /* int4 and nf4 in tiles (tiles, N, group or blocksize) */ };
 
 typedef int (*loop_p_i)(const float *, int, int, const void *, int, float *, int);
 typedef int (*loop_pp_i)(const float *, int, int, const void *, const void *, int, float *, int);

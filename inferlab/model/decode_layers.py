@@ -112,7 +112,7 @@ def c_loop(module: nn.Module) -> tuple | None:
     from inferlab.quant.ggml import GGMLLinear
     from inferlab.quant.int4 import Int4Linear
     from inferlab.quant.int8 import Int8Linear
-    from inferlab.quant.nf4 import NF4_CODE, NF4Linear
+    from inferlab.quant.nf4 import NF4_TABLE, NF4Linear
     kind, K = type(module), module.in_features
     if kind is Linear:
         w, loop = module.weight, f32.loop()
@@ -142,7 +142,9 @@ def c_loop(module: nn.Module) -> tuple | None:
     else:
         b = module.blocksize
         ok = b % 32 == 0 and K % b == 0 and module.absmax.dtype == torch.float32 and vnni.nf4_available()
-        spec = SIG_PPP_II, "nf4", (q, module.absmax, NF4_CODE), module.out_features, b
+        tiles = module.tiles()  # in tiles of 16 outputs, where that loop runs
+        spec = (SIG_PPP_II, "nf4", (q, module.absmax, NF4_TABLE), module.out_features, b) if tiles is None else \
+            (SIG_P_II, "nf4_tiles", (tiles,), module.out_features, b)
     if not (ok and q.is_cpu and q.is_contiguous()):
         return None
     sig, name, tensors, n, extra = spec

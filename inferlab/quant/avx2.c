@@ -12,8 +12,7 @@
    - int8 weights against int8 activations (Q8_0): exact only through the sign trick, |w| on the
      unsigned side and x carrying w's sign (vpsignb), at most 2 * 128 * 127 = 32512.
    INT8 keeps int16 activations (see vnni.c): vpmaddwd multiplies them by the widened weights
-   directly. NF4 looks its 16 code values up in two registers of 8 (vpermps) and blends by the
-   code's top bit.
+   directly. NF4 looks its codes up as int8 (vpshufb) and multiplies them by the sign trick.
 
    Each loop has the same name and arguments as its vnni.c twin, so inferlab/quant/vnni.py loads
    whichever build the CPU runs; the activations are quantized by the same loops.h. Each
@@ -306,59 +305,59 @@ AVX2 int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight
     return 0;
 }
 
-/* NF4 (bitsandbytes' layout, see vnni.c): byte i holds code 2i high and 2i + 1 low. The 16 code
-   values sit in two registers of 8: vpermps looks each code's low 3 bits up in both, and its top
-   bit picks one (vblendvps reads the sign bit, where a shift by 28 puts bit 3). Stays in float. */
-AVX2 INLINE __m256 nf4_lookup(__m256i idx, __m256 lo_table, __m256 hi_table) {
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo_table, idx), _mm256_permutevar8x32_ps(hi_table, idx),
-                            _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+/* NF4 (bitsandbytes' layout, see vnni.c): byte i holds code 2i high and 2i + 1 low; the codes index
+   vnni.c's table of t + 128, t = round(127 * code). vpmaddubsw's pair sums would overflow with t + 128
+   on its unsigned side (2 * 255 * 127), so here t goes back to signed (xor 128) and the sign trick of
+   Q8_0 multiplies: |t| unsigned against x carrying t's sign, exact, the same integer sums as vnni.c. */
+AVX2 INLINE __m256i signed_dot(__m256i w, __m256i x) {  /* 8 int32 lanes: each the sum of 4 products w x */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
-AVX2 INLINE void nf4_rows(const float *xe, const float *xo, int K, const uint8_t *row, const float *absmax,
-                          const float *code, int blocksize, float *y, int N, int n, int m0, const int MR) {
-    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 16;
-    const __m256 lo_table = _mm256_loadu_ps(code), hi_table = _mm256_loadu_ps(code + 8);
-    const __m256i low = _mm256_set1_epi32(15);
+AVX2 INLINE __m256i nf4_signed_table(const uint8_t *table) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)table), _mm256_set1_epi8((char)0x80));
+}
+
+AVX2 INLINE void nf4_rows(const int8_t *xe, const int8_t *xo, const float *xs, int K, int blocksize,
+                          const uint8_t *row, const float *absmax, const uint8_t *table_bytes,
+                          float *y, int N, int n, int m0, const int MR) {
+    const int half = K / 2, blocks = K / blocksize;
+    const __m256i table = nf4_signed_table(table_bytes), low = _mm256_set1_epi8(0x0F);
     __m256 acc[4];
     for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        __m256 part[4];
-        for (int j = 0; j < MR; j++) part[j] = _mm256_setzero_ps();
-        for (int t = 0; t < steps; t++) {
-            const int off = b * blocksize / 2 + t * 8;
-            if (m0 == 0 && t % 8 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
-            const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + off)));
-            const __m256 we = nf4_lookup(_mm256_srli_epi32(v, 4), lo_table, hi_table);
-            const __m256 wo = nf4_lookup(_mm256_and_si256(v, low), lo_table, hi_table);
+        __m256i dot[4];
+        for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+        for (int off = b * blocksize / 2; off < (b + 1) * blocksize / 2; off += 16) {  /* 32 weights a step */
+            if (m0 == 0 && off % 64 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m256i v = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + off)));
+            const __m256i we = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            const __m256i wo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low));
             for (int j = 0; j < MR; j++) {
                 const size_t at = (size_t)(m0 + j) * half + off;
-                part[j] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xe + at), part[j]);
-                part[j] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xo + at), part[j]);
+                dot[j] = _mm256_add_epi32(dot[j], signed_dot(we, _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(xe + at)))));
+                dot[j] = _mm256_add_epi32(dot[j], signed_dot(wo, _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(xo + at)))));
             }
         }
-        const __m256 a = _mm256_set1_ps(absmax[b]);
-        for (int j = 0; j < MR; j++) acc[j] = _mm256_fmadd_ps(part[j], a, acc[j]);
+        const float s = absmax[b] * (1.f / 127.f);
+        for (int j = 0; j < MR; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_set1_ps(s * xs[(size_t)(m0 + j) * blocks + b]), acc[j]);
     }
     for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]);
 }
 
 AVX2 int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
-                           const float *code, int N, int blocksize, float *y, int nthreads) {
+                           const uint8_t *table, int N, int blocksize, float *y, int nthreads) {
     const int half = K / 2, blocks = K / blocksize;
-    float *xe = malloc(sizeof(float) * M * K);
-    if (!xe) return -1;
-    float *xo = xe + (size_t)M * half;
-    for (int m = 0; m < M; m++)
-        for (int i = 0; i < half; i++) {
-            xe[(size_t)m * half + i] = x[(size_t)m * K + 2 * i];
-            xo[(size_t)m * half + i] = x[(size_t)m * K + 2 * i + 1];
-        }
+    int8_t *xe; float *xs;
+    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-#define NF4_ROWS(R) nf4_rows(xe, xo, K, qweight + (size_t)n * half, absmax + (size_t)n * blocks, code, blocksize, y, N, n, m0, R)
+#define NF4_ROWS(R) nf4_rows(xe, xo, xs, K, blocksize, qweight + (size_t)n * half, absmax + (size_t)n * blocks, \
+                             table, y, N, n, m0, R)
         ROW_CHUNKS(M, NF4_ROWS);
     }
-    free(xe);
+    free_activations(xe, xs, NULL);
     return 0;
 }
 
@@ -497,6 +496,59 @@ AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
         ROW_CHUNKS(M, INT4_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
+    return 0;
+}
+
+/* NF4 tiles (vnni.c's layout: the table, then INT4's tiles with float absmax / 127 in place of the
+   scales and zero points): a block's codes looked up as signed t, multiplied as in nf4_rows. */
+AVX2 INLINE void nf4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, int K, int G, int blocksize,
+                               const uint8_t *tile, __m256i table, float *y, int N, int t, int m0, const int MR) {
+    const int blocks = blocksize / 32, half = K / 2, group_bytes = blocks * 256 + 64;
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[4];
+        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            const uint8_t *p = tile + (size_t)g * group_bytes;
+            __m256i dot[4];
+            for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+            for (int blk = 0; blk < blocks; blk++) {
+                const uint8_t *c = p + blk * 256;
+                if (m0 == 0 && h == 0) PREFETCH_AHEAD(c, 256);
+                __m256i lo[4], hi[4];
+                nibble_unpack(c, h, lo, hi);
+                const size_t col = (size_t)g * (blocksize / 2) + blk * 16;
+                for (int i = 0; i < 4; i++) { lo[i] = _mm256_shuffle_epi8(table, lo[i]); hi[i] = _mm256_shuffle_epi8(table, hi[i]); }
+                for (int j = 0; j < MR; j++) {
+                    const int8_t *e = xe + (size_t)(m0 + j) * half + col, *o = xo + (size_t)(m0 + j) * half + col;
+                    for (int i = 0; i < 4; i++) {
+                        dot[j] = _mm256_add_epi32(dot[j], signed_dot(lo[i], bcast4(e + 4 * i)));
+                        dot[j] = _mm256_add_epi32(dot[j], signed_dot(hi[i], bcast4(o + 4 * i)));
+                    }
+                }
+            }
+            const __m256 s = _mm256_loadu_ps((const float *)(p + blocks * 256 + 32 * h));
+            for (int j = 0; j < MR; j++)
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(s, _mm256_set1_ps(xs[(size_t)(m0 + j) * G + g])), acc[j]);
+        }
+        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
+    }
+}
+
+AVX2 int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int blocksize,
+                                 float *y, int nthreads) {
+    const int G = K / blocksize, half = K / 2;
+    const size_t tile_bytes = (size_t)G * ((blocksize / 32) * 256 + 64);
+    int8_t *xe; float *xs;
+    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
+    const __m256i table = nf4_signed_table(tiles);
+    const uint8_t *body = tiles + 64;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < N / 16; t++) {
+#define NF4_TILE_ROWS(R) nf4_tile_rows(xe, xo, xs, K, G, blocksize, body + (size_t)t * tile_bytes, table, y, N, t, m0, R)
+        ROW_CHUNKS(M, NF4_TILE_ROWS);
+    }
+    free_activations(xe, xs, NULL);
     return 0;
 }
 

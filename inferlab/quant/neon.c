@@ -7,7 +7,7 @@
    (0..15) are signed bytes already. Without the extension (older cores) the same sums come from
    smull (8 int16 products) and sadalp (pairs added into int32 lanes), exact for |codes| <= 127.
    INT8 keeps int16 activations (see vnni.c): smlal multiplies them by the widened weights into
-   int32. NF4 (float table lookups) has no loop here; it uses the compiled product.
+   int32. NF4 looks its codes up as int8 (tbl) and runs on sdot like INT4.
 
    Same names and arguments as the x86 loops; inferlab/quant/vnni.py builds this file on aarch64
    (with +dotprod where /proc/cpuinfo lists asimddp) and tests/kernels/test_cross_builds.py checks
@@ -119,6 +119,51 @@ int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight, con
         ROW_CHUNKS(M, INT4_ROWS);
     }
     free_activations(xe, xs, xsum);
+    return 0;
+}
+
+/* NF4 (bitsandbytes' layout: code 2i in byte i's high nibble, 2i + 1 in its low one): vnni.c's table
+   of t + 128, t = round(127 * code), back to signed t (minus 128), looked up 16 codes at a time
+   (tbl), and multiplied by sdot, signed on both sides: the same integer sums as the x86 loops. */
+INLINE void nf4_rows(const int8_t *xe, const int8_t *xo, const float *xs, int K, int blocksize,
+                     const uint8_t *row, const float *absmax, int8x16_t table, float *y, int N, int n, int m0,
+                     const int MR) {
+    const int half = K / 2, blocks = K / blocksize;
+    const uint8x16_t low = vdupq_n_u8(0x0F);
+    float32x4_t acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = vdupq_n_f32(0.f);
+    for (int b = 0; b < blocks; b++) {
+        int32x4_t dot[4];
+        for (int j = 0; j < MR; j++) dot[j] = vdupq_n_s32(0);
+        for (int off = b * blocksize / 2; off < (b + 1) * blocksize / 2; off += 16) {
+            const uint8x16_t v = vld1q_u8(row + off);
+            const int8x16_t we = vqtbl1q_s8(table, vshrq_n_u8(v, 4)), wo = vqtbl1q_s8(table, vandq_u8(v, low));
+            for (int j = 0; j < MR; j++) {
+                const size_t at = (size_t)(m0 + j) * half + off;
+                dot[j] = dot_s8(dot_s8(dot[j], we, vld1q_s8(xe + at)), wo, vld1q_s8(xo + at));
+            }
+        }
+        const float s = absmax[b] * (1.f / 127.f);
+        for (int j = 0; j < MR; j++)
+            acc[j] = vfmaq_n_f32(acc[j], vcvtq_f32_s32(dot[j]), s * xs[(size_t)(m0 + j) * blocks + b]);
+    }
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = vaddvq_f32(acc[j]);
+}
+
+int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
+                      const uint8_t *table_bytes, int N, int blocksize, float *y, int nthreads) {
+    const int half = K / 2, blocks = K / blocksize;
+    int8_t *xe; float *xs;
+    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
+    const int8x16_t table = vreinterpretq_s8_u8(vsubq_u8(vld1q_u8(table_bytes), vdupq_n_u8(128)));
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int n = 0; n < N; n++) {
+#define NF4_ROWS(R) nf4_rows(xe, xo, xs, K, blocksize, qweight + (size_t)n * half, absmax + (size_t)n * blocks, \
+                             table, y, N, n, m0, R)
+        ROW_CHUNKS(M, NF4_ROWS);
+    }
+    free_activations(xe, xs, NULL);
     return 0;
 }
 

@@ -8,8 +8,8 @@
    bytes and adds each group of four products into one of 16 int32 lanes: one instruction for 64
    weights (vpdpwssd: 32 pairs of int16). So the activations are quantized to integers first (int8
    per group or block of 32; int16 per block of 32 for INT8), the integer dot products run on the
-   codes as stored, and the scales are applied once per block. NF4's codes index a table of floats:
-   its loop looks them up in a register and stays in float. inferlab/quant/vnni.py builds this file
+   codes as stored, and the scales are applied once per block. NF4's codes index a table of 16
+   values, which its loops hold as int8 and look up with vpshufb. inferlab/quant/vnni.py builds this file
    with the system C compiler, loads it with ctypes and checks the CPU; inferlab/quant/fused.py
    holds the torch expressions these replace, and every quantized linear's dequantize-then-matmul
    stays the reference both are tested against.
@@ -215,9 +215,10 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
    builds the tiles. */
 VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K,
                                 int G, int group_size, const uint8_t *tile, float *y, int N, int t, int m0,
-                                const int MR) {
+                                const int MR, const uint8_t *nf4_table) {
     const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
     const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i table = nf4_table ? _mm512_loadu_si512(nf4_table) : low;
     __m512 acc[6], zacc[6];
     for (int j = 0; j < MR; j++) { acc[j] = _mm512_setzero_ps(); zacc[j] = _mm512_setzero_ps(); }
     for (int g = 0; g < G; g++) {
@@ -232,6 +233,10 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
                 const __m512i v = _mm512_loadu_si512(c + 64 * i);
                 lo[i] = _mm512_and_si512(v, low);
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                if (nf4_table) {  /* NF4: each nibble indexes the table (vpshufb: 64 lookups an instruction) */
+                    lo[i] = _mm512_shuffle_epi8(table, lo[i]);
+                    hi[i] = _mm512_shuffle_epi8(table, hi[i]);
+                }
             }
             const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
             for (int j = 0; j < MR; j++) {  /* the block's products in two short chains, added to the row's group sum */
@@ -246,6 +251,14 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
                 }
                 dl[j] = _mm512_add_epi32(dl[j], _mm512_add_epi32(tl, th));
             }
+        }
+        if (nf4_table) {  /* sum_k t_k xq_k = sum_k (t_k + 128) xq_k - 128 sum_k xq_k, exact in int32; then absmax / 127 */
+            const __m512 s = _mm512_loadu_ps((const float *)(p + blocks * 256));
+            for (int j = 0; j < MR; j++) {
+                const __m512i dot = _mm512_sub_epi32(dl[j], _mm512_set1_epi32(128 * xsum[(size_t)(m0 + j) * G + g]));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(xs[(size_t)(m0 + j) * G + g])), acc[j]);
+            }
+            continue;
         }
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + blocks * 256)));
         const __m512 sz = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 32)))));
@@ -267,8 +280,28 @@ VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
-#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R)
+#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, NULL)
         ROW_CHUNKS6(M, INT4_TILE_ROWS);
+    }
+    free_activations(xe, xs, xsum);
+    return 0;
+}
+
+/* NF4 in INT4's tiles (inferlab/quant/nf4.py builds them): the buffer starts with the 64-byte code
+   table (below), then each tile of 16 outputs holds, for each block, its codes as INT4's groups do
+   (low nibble: the even column) and the block's 16 absmax / 127 as float32. */
+VNNI int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int blocksize,
+                                 float *y, int nthreads) {
+    const int G = K / blocksize, T = N / 16, half = K / 2;
+    const size_t tile_bytes = (size_t)G * ((blocksize / 32) * 256 + 64);
+    int8_t *xe; float *xs; int32_t *xsum;
+    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
+    const uint8_t *table = tiles, *body = tiles + 64;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int t = 0; t < T; t++) {
+#define NF4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, blocksize, body + (size_t)t * tile_bytes, y, N, t, m0, R, table)
+        ROW_CHUNKS6(M, NF4_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
     return 0;
@@ -640,55 +673,61 @@ VNNI int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *t
 
 /* NF4 (bitsandbytes' layout): byte i of the flattened weight holds code 2i in its high nibble and
    2i + 1 in its low one, blocks of `blocksize` values (a multiple of 32 dividing K) share a float
-   absmax. The 16 code values sit in one register and vpermps looks 16 of them up at once; the
-   product stays in float (no activation rounding): even-column codes meet the even activations. */
-AVX512F INLINE void nf4_rows(
-        const float *xe, const float *xo, int K, const uint8_t *row, const float *absmax, const float *code,
-        int blocksize, float *y, int N, int n, int m0, const int MR) {
-    const int half = K / 2, blocks = K / blocksize, steps = blocksize / 32;
-    const __m512 table = _mm512_loadu_ps(code);
-    const __m512i low = _mm512_set1_epi32(15);
-    __m512 acc[4];
-    for (int j = 0; j < MR; j++) acc[j] = _mm512_setzero_ps();
+   absmax. The 16 code values become integers, t = round(127 * code) (llama.cpp's IQ4_NL keeps its
+   non-linear 4-bit codes the same way), so NF4 runs on vpdpbusd like INT4: vpshufb looks 32 codes up
+   at once in `table`, which holds t + 128 (unsigned, for vpdpbusd's unsigned side) once per 128-bit
+   lane, 64 bytes; the activations are quantized per block of the weight, split into even and odd
+   columns, and the 128 leaves the sum exactly: sum_k t_k xq_k = sum_k (t_k + 128) xq_k - 128 sum_k xq_k.
+   A weight's code value moves by at most 1/254 of its block's absmax, against NF4's own steps of
+   0.08 to 0.3 of it. inferlab/quant/nf4.py builds the table. */
+VNNI INLINE void nf4_rows(const int8_t *xe, const int8_t *xo, const float *xs, int K, int blocksize,
+                          const uint8_t *row, const float *absmax, const uint8_t *table_bytes,
+                          float *y, int N, int n, int m0, const int MR) {
+    const int half = K / 2, blocks = K / blocksize;
+    /* here t goes back to signed (xor 128) and meets x as AVX2's sign trick does, |t| on the unsigned
+       side and x carrying t's sign: each lane's sum is then its own products', with no 128 sum xq to
+       take out of one lane, which float would round in the sum of the lanes */
+    const __m256i table = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)table_bytes), _mm256_set1_epi8((char)0x80));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+    for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        __m512 part[4];
-        for (int j = 0; j < MR; j++) part[j] = _mm512_setzero_ps();
-        for (int t = 0; t < steps; t++) {
-            const int off = b * blocksize / 2 + t * 16;
-            if (m0 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
-            const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + off)));
-            const __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
-            const __m512 wo = _mm512_permutexvar_ps(_mm512_and_si512(v, low), table);
+        __m256i dot[4];
+        for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
+        for (int off = b * blocksize / 2; off < (b + 1) * blocksize / 2; off += 16) {  /* 32 weights a step */
+            if (m0 == 0 && off % 64 == 0) _mm_prefetch((const char *)(row + (size_t)PREFETCH_ROWS * half + off), _MM_HINT_T0);
+            const __m256i v = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(row + off)));
+            const __m256i we = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            const __m256i wo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low));
+            const __m256i ae = _mm256_abs_epi8(we), ao = _mm256_abs_epi8(wo);
             for (int j = 0; j < MR; j++) {
                 const size_t at = (size_t)(m0 + j) * half + off;
-                part[j] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xe + at), part[j]);
-                part[j] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xo + at), part[j]);
+                const __m256i e = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(xe + at)));
+                const __m256i o = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(xo + at)));
+                dot[j] = _mm256_dpbusd_epi32(dot[j], ae, _mm256_sign_epi8(e, we));
+                dot[j] = _mm256_dpbusd_epi32(dot[j], ao, _mm256_sign_epi8(o, wo));
             }
         }
-        const __m512 a = _mm512_set1_ps(absmax[b]);
-        for (int j = 0; j < MR; j++) acc[j] = _mm512_fmadd_ps(part[j], a, acc[j]);
+        const float s = absmax[b] * (1.f / 127.f);
+        for (int j = 0; j < MR; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_set1_ps(s * xs[(size_t)(m0 + j) * blocks + b]), acc[j]);
     }
-    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = _mm512_reduce_add_ps(acc[j]);
+    for (int j = 0; j < MR; j++) y[(size_t)(m0 + j) * N + n] = hsum256(acc[j]);
 }
 
-AVX512F
-int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
-                      const float *code, int N, int blocksize, float *y, int nthreads) {
+VNNI int inferlab_nf4_gemv(const float *x, int M, int K, const uint8_t *qweight, const float *absmax,
+                           const uint8_t *table, int N, int blocksize, float *y, int nthreads) {
     const int half = K / 2, blocks = K / blocksize;
-    float *xe = malloc(sizeof(float) * M * K);
-    if (!xe) return -1;
-    float *xo = xe + (size_t)M * half;
-    for (int m = 0; m < M; m++)
-        for (int i = 0; i < half; i++) {
-            xe[(size_t)m * half + i] = x[(size_t)m * K + 2 * i];
-            xo[(size_t)m * half + i] = x[(size_t)m * K + 2 * i + 1];
-        }
+    int8_t *xe; float *xs;
+    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
+    const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
-#define NF4_ROWS(R) nf4_rows(xe, xo, K, qweight + (size_t)n * half, absmax + (size_t)n * blocks, code, blocksize, y, N, n, m0, R)
+#define NF4_ROWS(R) nf4_rows(xe, xo, xs, K, blocksize, qweight + (size_t)n * half, absmax + (size_t)n * blocks, \
+                             table, y, N, n, m0, R)
         ROW_CHUNKS(M, NF4_ROWS);
     }
-    free(xe);
+    free_activations(xe, xs, NULL);
     return 0;
 }
 

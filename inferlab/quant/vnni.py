@@ -10,13 +10,13 @@ activations are quantized first: to int8 per group of 128 for INT4 and per block
 llama.cpp blocks (llama.cpp's own scheme), so the result differs from dequantize-then-matmul by
 that rounding, at most ``sum_k |w_k| * xs / 2`` per output; INT8 keeps 16-bit activation codes
 (``vpdpwssd``), which leave its products within about 1e-5 of the float ones. NF4's 16 code
-values are floats, not a grid: its loop looks them up in registers (``vpermps``) and multiplies
-in float, so NF4 stays exact.
+values are floats, not a grid: its loops hold them as int8, round(127 * code), look them up with
+``vpshufb`` and multiply int8 activations per block of the weight, as INT4's loops do.
 
 The C files are compiled on first use with the system compiler into ``~/.cache/inferlab``
 (``INFERLAB_CACHE``), keyed by their hash, and loaded with ctypes. The build follows the CPU:
 AVX-512 VNNI where it has it, else AVX2 (with FMA and F16C), and on aarch64 NEON (``neon.c``, with
-the dot-product extension where the CPU has it; no NF4 loop there); ``ATEN_CPU_CAPABILITY=avx2`` or
+the dot-product extension where the CPU has it); ``ATEN_CPU_CAPABILITY=avx2`` or
 ``default`` (torch's kernels below AVX-512) takes the AVX2 build too, so the process runs as on an
 AVX2 laptop. Where there is no compiler, no such x86 CPU, or ``INFERLAB_QUANT_KERNEL`` is
 ``compiled`` or ``eager``, :func:`available` is False and the callers use the compiled products or
@@ -228,7 +228,7 @@ def _usable_tiles(x: torch.Tensor, tiles: torch.Tensor) -> bool:
 
 
 def nf4_available() -> bool:
-    """Is there an NF4 loop here (the NEON build has none)?"""
+    """Is there an NF4 loop here?"""
     return available() and hasattr(_library(), "inferlab_nf4_gemv")
 
 
@@ -293,10 +293,10 @@ def ggml_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: str
     return _run(f"{ggml_type}_tiles", x, n, tiles, n)
 
 
-def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+def nf4_gemv(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor,
              blocksize: int) -> torch.Tensor:
     n = absmax.shape[0] * blocksize // x.shape[-1]  # blocks run over the flattened weight
-    return _run("nf4", x, n, qweight, absmax, code, n, blocksize)
+    return _run("nf4", x, n, qweight, absmax, table, n, blocksize)
 
 
 BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k")  # the llama.cpp block types with a loop here
@@ -380,13 +380,24 @@ def ggml_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, ggml_type: s
     return ggml_tiles_gemv(x, tiles, n, ggml_type)
 
 
-def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor,
+def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor,
                blocksize: int) -> torch.Tensor | None:
-    """x [..., K] @ w^T for NF4 blocks that do not straddle rows (a multiple of 32 dividing K), in
-    float: the 16 code values are looked up in a register; None: not here."""
+    """x [..., K] @ w^T for NF4 blocks that do not straddle rows (a multiple of 32 dividing K), the
+    codes looked up in ``table`` (``inferlab.quant.nf4.nf4_table``: 64 bytes); None: not here."""
     K = x.shape[-1]
-    if blocksize % 32 or K % blocksize or absmax.dtype != torch.float32 or code.dtype != torch.float32 \
-            or not (qweight.is_contiguous() and absmax.is_contiguous() and code.is_contiguous()) \
+    if blocksize % 32 or K % blocksize or absmax.dtype != torch.float32 or table.dtype != torch.uint8 \
+            or table.numel() != 64 or not (qweight.is_contiguous() and absmax.is_contiguous() and table.is_contiguous()) \
             or not (_usable(x, qweight) and _nf4_available()):
         return None
-    return _call(nf4_gemv, x, qweight, absmax, code, blocksize)
+    return _call(nf4_gemv, x, qweight, absmax, table, blocksize)
+
+
+def nf4_tiles_gemv(x: torch.Tensor, tiles: torch.Tensor, n: int, blocksize: int) -> torch.Tensor:
+    return _run("nf4_tiles", x, n, tiles, n, blocksize)
+
+
+def nf4_tiles_linear(x: torch.Tensor, tiles: torch.Tensor, n: int, blocksize: int) -> torch.Tensor | None:
+    """x [..., K] @ w^T for NF4 laid out in tiles of 16 outputs (``inferlab.quant.nf4.nf4_tiles``), or None."""
+    if not _usable_tiles(x, tiles):
+        return None
+    return nf4_tiles_gemv(x, tiles, n, blocksize)

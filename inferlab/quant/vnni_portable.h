@@ -106,6 +106,26 @@ PORTABLE __m512i _mm512_set_epi32(int e15, int e14, int e13, int e12, int e11, i
     memcpy(r.i32, e, 64);
     return r;
 }
+PORTABLE __m256i _mm256_xor_si256(__m256i a, __m256i b) { for (int i = 0; i < 8; i++) a.i32[i] ^= b.i32[i]; return a; }
+PORTABLE __m256i _mm256_abs_epi8(__m256i a) { __m256i r; for (int i = 0; i < 32; i++) r.u8[i] = (uint8_t)(a.i8[i] < 0 ? -a.i8[i] : a.i8[i]); return r; }
+/* vpsignb: a's byte negated where b's is negative, zeroed where b's is zero */
+PORTABLE __m256i _mm256_sign_epi8(__m256i a, __m256i b) {
+    for (int i = 0; i < 32; i++) a.i8[i] = (int8_t)(b.i8[i] < 0 ? -a.i8[i] : b.i8[i] ? a.i8[i] : 0);
+    return a;
+}
+PORTABLE __m256i _mm256_zextsi128_si256(__m128i a) { __m256i r = _mm256_setzero_si256(); memcpy(&r, &a, 16); return r; }
+/* vpshufb: each byte of idx picks a byte of table from its own 128-bit lane (idx bits 0-3), or 0 where
+   its top bit is set. */
+PORTABLE __m512i _mm512_shuffle_epi8(__m512i table, __m512i idx) {
+    __m512i r;
+    for (int i = 0; i < 64; i++) r.u8[i] = idx.u8[i] & 0x80 ? 0 : table.u8[(i & ~15) | (idx.u8[i] & 15)];
+    return r;
+}
+PORTABLE __m256i _mm256_shuffle_epi8(__m256i table, __m256i idx) {
+    __m256i r;
+    for (int i = 0; i < 32; i++) r.u8[i] = idx.u8[i] & 0x80 ? 0 : table.u8[(i & ~15) | (idx.u8[i] & 15)];
+    return r;
+}
 PORTABLE __m128i _mm_set_epi32(int e3, int e2, int e1, int e0) { __m128i r; r.i32[0] = e0; r.i32[1] = e1; r.i32[2] = e2; r.i32[3] = e3; return r; }
 #define _MM_SHUFFLE(z, y, x, w) (((z) << 6) | ((y) << 4) | ((x) << 2) | (w))
 /* the low four 16-bit lanes picked by two bits of imm each; the high four kept */

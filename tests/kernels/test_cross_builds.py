@@ -52,7 +52,7 @@ def test_the_aarch64_build_matches_torch(aarch64_binary, rows):
 # (loops.h), so they differ by float summation order only.
 QUANT_SOURCE = Path(inferlab.quant.__file__).with_name("neon.c")
 QUANT_HARNESS = Path(__file__).with_name("quant_harness.c")
-KINDS = {"int8": 0, "int4": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5}
+KINDS = {"int8": 0, "int4": 1, "q8_0": 2, "q4_0": 3, "q4_1": 4, "q4_k": 5, "nf4": 6}
 
 
 @pytest.fixture(scope="module", params=["", "-march=armv8.2-a+dotprod"], ids=["neon", "neon-dotprod"])
@@ -69,7 +69,8 @@ def neon_binary(request, tmp_path_factory):
 def _module(kind: str, k: int):
     from torch import nn
 
-    from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear
+    from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear
+    from inferlab.quant.nf4 import NF4_TABLE
     lin = nn.Linear(k, 24, bias=False)
     if kind == "int8":
         mod = Int8Linear.from_float(lin)
@@ -77,6 +78,9 @@ def _module(kind: str, k: int):
     if kind == "int4":
         mod = Int4Linear.from_float(lin, 64)
         return mod, [mod.qweight, mod.scales, mod.zeros], 64
+    if kind == "nf4":
+        mod = NF4Linear.from_float(lin, 64)
+        return mod, [mod.qweight, mod.absmax, NF4_TABLE], 64
     mod = GGMLLinear.from_float(lin, kind)
     return mod, [mod.qweight], 0
 

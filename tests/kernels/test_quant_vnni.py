@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from inferlab.quant import GGMLLinear, Int4Linear, Int8Linear, NF4Linear, fused, vnni
+from inferlab.quant.nf4 import NF4_CODE, NF4_TABLE, nf4_table
 
 needs_vnni = pytest.mark.skipif(not vnni.available(), reason="no AVX-512 VNNI CPU or C compiler here")
 
@@ -146,19 +147,53 @@ def test_tiles_follow_a_weight_changed_in_place(loops):
         torch.testing.assert_close(mod(x), other(x))
 
 
-@pytest.mark.parametrize("blocksize,rows", [(64, 1), (128, 3)])
-def test_nf4_is_exact(loops, blocksize, rows, monkeypatch):
-    """NF4's loop looks the code values up in float and rounds no activation: the reference's
-    product up to summation order, without dequantizing."""
-    torch.manual_seed(blocksize)
-    mod = NF4Linear.from_float(nn.Linear(256, 24, bias=True), blocksize)
-    x = torch.randn(rows, 256)
+def _nf4a8(x: torch.Tensor, mod: NF4Linear) -> torch.Tensor:
+    """NF4's loops in torch: code values as round(127 * code), activations rounded per block of the
+    weight, exact integer sums, then absmax / 127 and the activation scale per block."""
+    M, K = x.shape
+    B = mod.blocksize
+    xq, xs = _codes(x.view(M, K // B, B))
+    q = torch.stack((mod.qweight >> 4, mod.qweight & 15), -1).reshape(-1).long()  # high nibble first
+    t = torch.round(NF4_CODE * 127)[q].view(mod.out_features, K // B, B)
+    dot = torch.einsum("mbk,nbk->mnb", xq.double(), t.double())  # exact
+    return (dot.float() * xs.view(M, 1, K // B) * (mod.absmax.view(mod.out_features, K // B) * (1 / 127))).sum(-1)
+
+
+@pytest.mark.parametrize("blocksize,k", [(64, 576), (128, 256), (32, 96)])
+@pytest.mark.parametrize("rows", [1, 3, 5, 10])  # the AVX-512 tiles: 6 rows a pass, 10 = 6 + 4
+@pytest.mark.parametrize("n", [40, 48])  # 48: three tiles of 16 outputs (the tiles' loop), 40: the plain one
+def test_nf4_matches_its_arithmetic_and_the_reference(loops, blocksize, k, rows, n, monkeypatch):
+    """NF4's loops multiply int8 code values (round(127 * code)) by int8 activations: the torch model
+    of that arithmetic to float rounding, and the reference within the activations' rounding plus the
+    code values' (at most absmax / 254 a weight), without dequantizing."""
+    torch.manual_seed(blocksize + rows)
+    mod = NF4Linear.from_float(nn.Linear(k, n, bias=True), blocksize)
+    x = torch.randn(rows, k) * torch.linspace(0.1, 3, k)  # blocks of different scales
     with torch.inference_mode():
         ref = mod.forward_reference(x)
         monkeypatch.setattr(mod, "dequantize", lambda: pytest.fail("the loop dequantized the weight"))
         out = mod(x)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    assert vnni.nf4_linear(x, mod.qweight, mod.absmax, torch.zeros(16), blocksize).abs().max() == 0  # it reads the table
+        plain = vnni.nf4_linear(x, mod.qweight, mod.absmax, NF4_TABLE, blocksize)
+    assert ("tiles" in mod.__dict__.get("_derived", {})) == (n % 16 == 0 and vnni.tiles_available())
+    torch.testing.assert_close(out - mod.bias, _nf4a8(x, mod), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out - mod.bias, plain, rtol=1e-5, atol=1e-5)  # tiles and rows: one arithmetic
+    w = mod.absmax.repeat_interleave(blocksize).view(n, k)  # each weight's absmax
+    table_error = (x.abs() @ w.t()) / 254
+    assert ((out - ref).abs() <= _bound(x, NF4Linear.dequantize(mod).abs() + w / 254, blocksize) + table_error + 1e-4).all()
+    assert (out - ref).abs().max() > 0
+
+
+def test_nf4_loops_read_the_table(loops):
+    """A table of zeros (t = 0 for every code) gives zeros, in the plain loop and in the tiles."""
+    torch.manual_seed(0)
+    mod = NF4Linear.from_float(nn.Linear(128, 32, bias=False), 64)
+    x = torch.randn(3, 128)
+    zeros = nf4_table(torch.zeros(16))
+    assert vnni.nf4_linear(x, mod.qweight, mod.absmax, zeros, 64).abs().max() == 0
+    if vnni.tiles_available():
+        tiles = mod.tiles().clone()
+        tiles[:64] = zeros
+        assert vnni.nf4_tiles_linear(x, tiles, 32, 64).abs().max() == 0
 
 
 def test_int4_act_order_permutes_before_the_loop(loops):
