@@ -448,11 +448,23 @@ AVX2 int inferlab_q4_1_tiles_gemv(const float *x, int M, int K, const uint8_t *t
 
 /* INT4 tiles: as Q4_0's blocks, low nibbles against the even columns' activations and high against
    the odd ones'; a group's blocks widen one by one into its int32 sums, then its 16 scales and zero
-   points apply (sum (q - z) s xs xq = s xs sum q xq - s z xs sum xq). */
+   points apply (sum (q - z) s xs xq = s xs sum q xq - s z xs sum xq).
+   NF4 runs in the same tiles (vnni.c's layout: float absmax / 127 where INT4 keeps its scales and
+   zero points), its codes looked up as signed t (nf4_table) and multiplied as in nf4_rows. */
+AVX2 INLINE __m256i nf4_tile_dot(const __m256i *lo, const __m256i *hi, const int8_t *xl, const int8_t *xh) {
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        s = _mm256_add_epi32(s, signed_dot(lo[i], bcast4(xl + 4 * i)));
+        s = _mm256_add_epi32(s, signed_dot(hi[i], bcast4(xh + 4 * i)));
+    }
+    return s;
+}
+
 AVX2 INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K,
                                 int G, int group_size, const uint8_t *tile, float *y, int N, int t, int m0,
-                                const int MR) {
+                                const int MR, const uint8_t *nf4_table) {
     const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
+    const __m256i table = nf4_table ? nf4_signed_table(nf4_table) : _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         __m256 acc[4];
         for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
@@ -465,13 +477,23 @@ AVX2 INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
                 if (m0 == 0 && h == 0) PREFETCH_AHEAD(c, 256);
                 __m256i lo[4], hi[4];
                 nibble_unpack(c, h, lo, hi);
+                if (nf4_table)
+                    for (int i = 0; i < 4; i++) { lo[i] = _mm256_shuffle_epi8(table, lo[i]); hi[i] = _mm256_shuffle_epi8(table, hi[i]); }
                 const size_t col = (size_t)g * (group_size / 2) + blk * 16;  /* this block's first byte in xe/xo */
-                for (int j = 0; j < MR; j++)
-                    dot[j] = _mm256_add_epi32(dot[j], nibble_tile_dot(lo, hi, xe + (size_t)(m0 + j) * half + col,
-                                                                      xo + (size_t)(m0 + j) * half + col));
+                for (int j = 0; j < MR; j++) {
+                    const int8_t *e = xe + (size_t)(m0 + j) * half + col, *o = xo + (size_t)(m0 + j) * half + col;
+                    dot[j] = _mm256_add_epi32(dot[j], nf4_table ? nf4_tile_dot(lo, hi, e, o) : nibble_tile_dot(lo, hi, e, o));
+                }
             }
-            const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 16 * h)));
-            const __m256 z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + blocks * 256 + 32 + 8 * h))));
+            const uint8_t *trailer = p + blocks * 256;
+            if (nf4_table) {
+                const __m256 s = _mm256_loadu_ps((const float *)(trailer + 32 * h));
+                for (int j = 0; j < MR; j++)
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(s, _mm256_set1_ps(xs[(size_t)(m0 + j) * G + g])), acc[j]);
+                continue;
+            }
+            const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(trailer + 16 * h)));
+            const __m256 z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(trailer + 32 + 8 * h))));
             const __m256 sz = _mm256_mul_ps(s, z);
             for (int j = 0; j < MR; j++) {
                 const float sx = xs[(size_t)(m0 + j) * G + g];
@@ -492,46 +514,11 @@ AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < N / 16; t++) {
-#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R)
+#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, NULL)
         ROW_CHUNKS(M, INT4_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
     return 0;
-}
-
-/* NF4 tiles (vnni.c's layout: the table, then INT4's tiles with float absmax / 127 in place of the
-   scales and zero points): a block's codes looked up as signed t, multiplied as in nf4_rows. */
-AVX2 INLINE void nf4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, int K, int G, int blocksize,
-                               const uint8_t *tile, __m256i table, float *y, int N, int t, int m0, const int MR) {
-    const int blocks = blocksize / 32, half = K / 2, group_bytes = blocks * 256 + 64;
-    for (int h = 0; h < 2; h++) {
-        __m256 acc[4];
-        for (int j = 0; j < MR; j++) acc[j] = _mm256_setzero_ps();
-        for (int g = 0; g < G; g++) {
-            const uint8_t *p = tile + (size_t)g * group_bytes;
-            __m256i dot[4];
-            for (int j = 0; j < MR; j++) dot[j] = _mm256_setzero_si256();
-            for (int blk = 0; blk < blocks; blk++) {
-                const uint8_t *c = p + blk * 256;
-                if (m0 == 0 && h == 0) PREFETCH_AHEAD(c, 256);
-                __m256i lo[4], hi[4];
-                nibble_unpack(c, h, lo, hi);
-                const size_t col = (size_t)g * (blocksize / 2) + blk * 16;
-                for (int i = 0; i < 4; i++) { lo[i] = _mm256_shuffle_epi8(table, lo[i]); hi[i] = _mm256_shuffle_epi8(table, hi[i]); }
-                for (int j = 0; j < MR; j++) {
-                    const int8_t *e = xe + (size_t)(m0 + j) * half + col, *o = xo + (size_t)(m0 + j) * half + col;
-                    for (int i = 0; i < 4; i++) {
-                        dot[j] = _mm256_add_epi32(dot[j], signed_dot(lo[i], bcast4(e + 4 * i)));
-                        dot[j] = _mm256_add_epi32(dot[j], signed_dot(hi[i], bcast4(o + 4 * i)));
-                    }
-                }
-            }
-            const __m256 s = _mm256_loadu_ps((const float *)(p + blocks * 256 + 32 * h));
-            for (int j = 0; j < MR; j++)
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j]), _mm256_mul_ps(s, _mm256_set1_ps(xs[(size_t)(m0 + j) * G + g])), acc[j]);
-        }
-        for (int j = 0; j < MR; j++) _mm256_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t + 8 * h, acc[j]);
-    }
 }
 
 AVX2 int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int blocksize,
@@ -541,11 +528,9 @@ AVX2 int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *ti
     int8_t *xe; float *xs;
     if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
     const int8_t *xo = xe + (size_t)M * half;
-    const __m256i table = nf4_signed_table(tiles);
-    const uint8_t *body = tiles + 64;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < N / 16; t++) {
-#define NF4_TILE_ROWS(R) nf4_tile_rows(xe, xo, xs, K, G, blocksize, body + (size_t)t * tile_bytes, table, y, N, t, m0, R)
+#define NF4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, NULL, K, G, blocksize, tiles + 64 + (size_t)t * tile_bytes, y, N, t, m0, R, tiles)
         ROW_CHUNKS(M, NF4_TILE_ROWS);
     }
     free_activations(xe, xs, NULL);
