@@ -141,7 +141,7 @@ def c_loop(module: nn.Module) -> tuple | None:
             (SIG_P_I, f"{module.ggml_type}_tiles", (tiles,), q.shape[0], 0)
     else:
         b = module.blocksize
-        ok = b % 32 == 0 and K % b == 0 and module.absmax.dtype == torch.float32 and vnni.nf4_available()
+        ok = b % 32 == 0 and K % b == 0 and module.absmax.dtype == torch.float32
         tiles = module.tiles()  # in tiles of 16 outputs, where that loop runs
         spec = (SIG_PPP_II, "nf4", (q, module.absmax, NF4_TABLE), module.out_features, b) if tiles is None else \
             (SIG_P_II, "nf4_tiles", (tiles,), module.out_features, b)

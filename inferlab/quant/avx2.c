@@ -505,8 +505,10 @@ AVX2 INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
     }
 }
 
-AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
-                                  float *y, int nthreads) {
+/* INT4's and NF4's tiles (nf4_table NULL for INT4), as vnni.c's group_tiles_gemv. */
+AVX2 static inline __attribute__((always_inline)) int group_tiles_gemv(
+        const float *x, int M, int K, const uint8_t *tiles, int N, int group_size, float *y, int nthreads,
+        const uint8_t *nf4_table) {
     const int G = K / group_size, half = K / 2;
     const size_t tile_bytes = (size_t)G * ((group_size / 32) * 256 + 64);
     int8_t *xe; float *xs; int32_t *xsum;
@@ -514,27 +516,21 @@ AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < N / 16; t++) {
-#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, NULL)
-        ROW_CHUNKS(M, INT4_TILE_ROWS);
+#define GROUP_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, nf4_table)
+        ROW_CHUNKS(M, GROUP_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
     return 0;
 }
 
+AVX2 int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
+                                  float *y, int nthreads) {
+    return group_tiles_gemv(x, M, K, tiles, N, group_size, y, nthreads, NULL);
+}
+
 AVX2 int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int blocksize,
                                  float *y, int nthreads) {
-    const int G = K / blocksize, half = K / 2;
-    const size_t tile_bytes = (size_t)G * ((blocksize / 32) * 256 + 64);
-    int8_t *xe; float *xs;
-    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, NULL)) return -1;
-    const int8_t *xo = xe + (size_t)M * half;
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int t = 0; t < N / 16; t++) {
-#define NF4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, NULL, K, G, blocksize, tiles + 64 + (size_t)t * tile_bytes, y, N, t, m0, R, tiles)
-        ROW_CHUNKS(M, NF4_TILE_ROWS);
-    }
-    free_activations(xe, xs, NULL);
-    return 0;
+    return group_tiles_gemv(x, M, K, tiles + 64, N, blocksize, y, nthreads, tiles);
 }
 
 /* Q8_0 tiles: per block 8 registers of [16 outputs x 4 codes], then 16 fp16 scales (544 bytes).

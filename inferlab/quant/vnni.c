@@ -271,8 +271,11 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
     for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_sub_ps(acc[j], zacc[j]));
 }
 
-VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
-                                  float *y, int nthreads) {
+/* INT4's and NF4's tiles (nf4_table NULL for INT4): the activations quantized per group, split into
+   even and odd columns, then the tiles split over the threads. */
+VNNI static inline __attribute__((always_inline)) int group_tiles_gemv(
+        const float *x, int M, int K, const uint8_t *tiles, int N, int group_size, float *y, int nthreads,
+        const uint8_t *nf4_table) {
     const int G = K / group_size, T = N / 16, half = K / 2;
     const size_t tile_bytes = (size_t)G * ((group_size / 32) * 256 + 64);
     int8_t *xe; float *xs; int32_t *xsum;
@@ -280,11 +283,16 @@ VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
-#define INT4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, NULL)
-        ROW_CHUNKS6(M, INT4_TILE_ROWS);
+#define GROUP_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, nf4_table)
+        ROW_CHUNKS6(M, GROUP_TILE_ROWS);
     }
     free_activations(xe, xs, xsum);
     return 0;
+}
+
+VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int group_size,
+                                  float *y, int nthreads) {
+    return group_tiles_gemv(x, M, K, tiles, N, group_size, y, nthreads, NULL);
 }
 
 /* NF4 in INT4's tiles (inferlab/quant/nf4.py builds them): the buffer starts with the 64-byte code
@@ -292,19 +300,7 @@ VNNI int inferlab_int4_tiles_gemv(const float *x, int M, int K, const uint8_t *t
    (low nibble: the even column) and the block's 16 absmax / 127 as float32. */
 VNNI int inferlab_nf4_tiles_gemv(const float *x, int M, int K, const uint8_t *tiles, int N, int blocksize,
                                  float *y, int nthreads) {
-    const int G = K / blocksize, T = N / 16, half = K / 2;
-    const size_t tile_bytes = (size_t)G * ((blocksize / 32) * 256 + 64);
-    int8_t *xe; float *xs; int32_t *xsum;
-    if (quantized_activations(x, M, K, blocksize, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
-    const int8_t *xo = xe + (size_t)M * half;
-    const uint8_t *table = tiles, *body = tiles + 64;
-    #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int t = 0; t < T; t++) {
-#define NF4_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, blocksize, body + (size_t)t * tile_bytes, y, N, t, m0, R, table)
-        ROW_CHUNKS6(M, NF4_TILE_ROWS);
-    }
-    free_activations(xe, xs, xsum);
-    return 0;
+    return group_tiles_gemv(x, M, K, tiles + 64, N, blocksize, y, nthreads, tiles);
 }
 
 /* Q8_0: 34-byte blocks (d, 32 int8 codes), w = q * d. sum q (xq + 128) - 128 sum q = sum q xq. */

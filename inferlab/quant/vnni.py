@@ -227,13 +227,6 @@ def _usable_tiles(x: torch.Tensor, tiles: torch.Tensor) -> bool:
             and _usable(x, tiles) and tiles_available())
 
 
-def nf4_available() -> bool:
-    """Is there an NF4 loop here?"""
-    return available() and hasattr(_library(), "inferlab_nf4_gemv")
-
-
-_nf4_available = torch._dynamo.assume_constant_result(nf4_available)
-
 #: The block types with a loop over tiles of 16 outputs (``inferlab.quant.ggml.block_tiles``).
 TILED_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k")
 
@@ -303,7 +296,7 @@ BLOCK_TYPES = ("q8_0", "q4_0", "q4_1", "q4_k")  # the llama.cpp block types with
 _OPS = {fn: torch.library.custom_op(f"inferlab::{fn.__name__.replace('_gemv', '')}_vnni", fn, mutates_args=())
         for fn in (int8_gemv, int4_gemv, ggml_gemv, nf4_gemv)}
 for _fn, _op in _OPS.items():  # the output's shape, for tracing: [rows, N]
-    _op.register_fake((lambda x, q, absmax, code, bs: x.new_empty(x.shape[0], absmax.shape[0] * bs // x.shape[1]))
+    _op.register_fake((lambda x, q, absmax, table, bs: x.new_empty(x.shape[0], absmax.shape[0] * bs // x.shape[1]))
                       if _fn is nf4_gemv else (lambda x, qweight, *rest: x.new_empty(x.shape[0], qweight.shape[0])))
 
 
@@ -387,7 +380,7 @@ def nf4_linear(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, tab
     K = x.shape[-1]
     if blocksize % 32 or K % blocksize or absmax.dtype != torch.float32 or table.dtype != torch.uint8 \
             or table.numel() != 64 or not (qweight.is_contiguous() and absmax.is_contiguous() and table.is_contiguous()) \
-            or not (_usable(x, qweight) and _nf4_available()):
+            or not _usable(x, qweight):
         return None
     return _call(nf4_gemv, x, qweight, absmax, table, blocksize)
 
