@@ -78,13 +78,21 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128, bits: int = 4, sym: bo
     return pack_int4(q), scale.half(), zero.to(torch.uint8)
 
 
-def int4_tiles(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
-    """INT4 rows (N a multiple of 16, groups a multiple of 32) laid out for ``inferlab_int4_tiles_gemv``
-    (vnni.c): for each tile of 16 outputs and each group, its blocks of 32 columns as [4, 16 outputs,
-    4 code bytes], then the group's 16 fp16 scales, 16 zero points and 16 bytes of padding."""
+def tile_codes(qweight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rows of nibbles [N, K / 2] (N a multiple of 16, groups a multiple of 32; low nibble the even
+    column) as the tile loops read them: for each tile of 16 outputs and each group, its blocks of 32
+    columns as [4, 16 outputs, 4 code bytes]. Returns [N / 16, groups, group_size * 8]."""
     n, half = qweight.shape
     t, groups, blocks = n // 16, 2 * half // group_size, group_size // 32
-    codes = qweight.reshape(t, 16, groups, blocks, 4, 4).permute(0, 2, 3, 4, 1, 5).reshape(t, groups, blocks * 256)
+    return qweight.reshape(t, 16, groups, blocks, 4, 4).permute(0, 2, 3, 4, 1, 5).reshape(t, groups, blocks * 256)
+
+
+def int4_tiles(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """INT4 rows laid out for ``inferlab_int4_tiles_gemv`` (vnni.c): for each tile of 16 outputs and
+    each group, its codes (:func:`tile_codes`), then the group's 16 fp16 scales, 16 zero points and
+    16 bytes of padding."""
+    codes = tile_codes(qweight, group_size)
+    t, groups = codes.shape[:2]
     s = scales.reshape(t, 16, groups).transpose(1, 2).contiguous().view(torch.uint8).view(t, groups, 32)
     z = zeros.reshape(t, 16, groups).transpose(1, 2)
     return torch.cat([codes, s, z, torch.zeros_like(z)], dim=-1).contiguous()

@@ -18,6 +18,7 @@ import torch
 
 from inferlab.quant import fused, vnni
 from inferlab.quant.base import QuantizationError, QuantLinear
+from inferlab.quant.int4 import tile_codes
 
 # The NF4 code values published with QLoRA (and used by bitsandbytes).
 NF4_CODE = torch.tensor([
@@ -41,13 +42,13 @@ NF4_TABLE = nf4_table()
 def nf4_tiles(qweight: torch.Tensor, absmax: torch.Tensor, out_features: int, in_features: int,
               blocksize: int) -> torch.Tensor:
     """NF4 laid out for ``inferlab_nf4_tiles_gemv`` (vnni.c; N a multiple of 16, blocks of a multiple of
-    32 dividing K): :data:`NF4_TABLE`, then INT4's tiles (``inferlab.quant.int4.int4_tiles``: the
+    32 dividing K): :data:`NF4_TABLE`, then INT4's tiles (``inferlab.quant.int4.tile_codes``, the
     nibbles swapped so that the low one is the even column) with each block's 16 absmax / 127 as
     float32 where INT4 keeps its scales and zero points."""
-    t, groups, blocks = out_features // 16, in_features // blocksize, blocksize // 32
+    t, groups = out_features // 16, in_features // blocksize
     q = qweight.view(out_features, in_features // 2)
     q = (q << 4) | (q >> 4)
-    codes = q.reshape(t, 16, groups, blocks, 4, 4).permute(0, 2, 3, 4, 1, 5).reshape(t, groups, blocks * 256)
+    codes = tile_codes(q, blocksize)
     scale = (absmax.float() * (1 / 127)).reshape(t, 16, groups).transpose(1, 2).contiguous()
     body = torch.cat([codes, scale.view(torch.uint8).view(t, groups, 64)], dim=-1)
     return torch.cat([NF4_TABLE, body.reshape(-1)])
