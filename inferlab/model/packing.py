@@ -10,8 +10,10 @@ Here the model keeps its HF-named projections (checkpoints, quantizers and the G
 ``q_proj``, ``k_proj`` ...), and :func:`pack_projections` stacks them after loading: the packed
 tensor owns the memory and each projection's weight becomes a view of its rows, so nothing is
 stored twice. Every format whose tensors are laid out by output row packs: fp32/fp16 ``nn.Linear``,
-INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_1/Q4_K. NF4 (blocks over the flattened weight) and
-act-order INT4 (a column permutation per projection) stay unpacked. If a projection is replaced or
+INT8, INT4 (GPTQ and AWQ load as INT4), Q8_0/Q4_0/Q4_1/Q4_K, and NF4 where its blocks do not straddle
+rows (bitsandbytes keeps its codes and absmax flat, over the flattened weight: when the block size
+divides the input width, they are rows too). Act-order INT4 (a column permutation per projection)
+stays unpacked. If a projection is replaced or
 moved later (``replace_linears``, ``.to()``), its layer notices and drops the packed copy; while a
 forward hook watches a projection (calibration for GPTQ/AWQ, a probe in a notebook), the layer
 calls the projections one by one so the hook sees its input.
@@ -31,6 +33,16 @@ def _tensors(m: nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
+def _rows(m: nn.Module, t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` as [out_features, ...], one row per output: as it is, or (NF4's flat codes and absmax,
+    where no block straddles two rows) viewed so; None where it is not laid out by output row."""
+    if t.dim() and t.shape[0] == m.out_features:
+        return t
+    if type(m).__name__ == "NF4Linear" and t.dim() == 1 and m.in_features % m.blocksize == 0:
+        return t.view(m.out_features, -1)
+    return None
+
+
 def _settings(m: nn.Module) -> dict:
     """The module's plain attributes other than its size (group size, bits, block type...)."""
     return {k: v for k, v in vars(m).items()
@@ -46,17 +58,16 @@ def _packable(parts: list[nn.Module]) -> bool:
         return False  # act-order INT4: each projection permutes its input its own way
     if "weight" not in first._parameters and "qweight" not in first._buffers:
         return False
-    if type(first).__name__ == "NF4Linear":
-        return False  # blocks run over the flattened weight, not by row
-    ref = {n: t for n, (_, t) in _tensors(first).items()}
+    ref = {n: (t, _rows(first, t)) for n, (_, t) in _tensors(first).items()}
     settings = _settings(first)
     for p in parts:
         ts = _tensors(p)
         if ts.keys() != ref.keys() or _settings(p) != settings or p.in_features != first.in_features:
             return False
         for n, (_, t) in ts.items():
-            if t.dim() == 0 or t.shape[0] != p.out_features or t.shape[1:] != ref[n].shape[1:] \
-                    or t.dtype != ref[n].dtype or t.device != ref[n].device:
+            rows, (t0, rows0) = _rows(p, t), ref[n]
+            if rows is None or rows0 is None or t.dim() != t0.dim() or rows.shape[1:] != rows0.shape[1:] \
+                    or t.dtype != t0.dtype or t.device != t0.device:
                 return False
     return True
 
@@ -72,15 +83,17 @@ class PackedLinear:
         self.sizes = [p.out_features for p in parts]
         fused = copy.deepcopy(parts[0])
         fused.out_features = sum(self.sizes)
-        for name, (kind, _) in _tensors(parts[0]).items():
-            full = torch.cat([_tensors(p)[name][1].detach() for p in parts]).contiguous()
+        for name, (kind, t0) in _tensors(parts[0]).items():
+            full_rows = torch.cat([_rows(p, _tensors(p)[name][1].detach()) for p in parts]).contiguous()
+            full = full_rows.view(-1) if t0.dim() == 1 else full_rows  # NF4's flat buffers stay flat
             if kind == "p":
                 fused._parameters[name] = nn.Parameter(full, requires_grad=False)
             else:
                 fused._buffers[name] = full
             start = 0
             for p, n in zip(parts, self.sizes):
-                rows = full[start:start + n]
+                rows = full_rows[start:start + n]
+                rows = rows.view(-1) if t0.dim() == 1 else rows
                 if kind == "p":
                     p._parameters[name] = nn.Parameter(rows, requires_grad=p._parameters[name].requires_grad)
                 else:

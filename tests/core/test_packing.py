@@ -24,7 +24,7 @@ def logits(model, ids):
 IDS = torch.tensor([[5, 17, 99, 3, 250, 42, 7, 1000, 12]])
 
 
-@pytest.mark.parametrize("method", [None, "int8", "int4", "q4_k"])
+@pytest.mark.parametrize("method", [None, "int8", "int4", "q4_k", "nf4"])
 def test_packed_equals_unpacked(target, method):
     model = copy.deepcopy(target[0])
     if method:
@@ -80,9 +80,25 @@ def test_a_packed_model_saves_and_reloads(target, tmp_path):
     torch.testing.assert_close(logits(again, IDS), logits(target[0], IDS), atol=1e-5, rtol=1e-5)
 
 
-def test_formats_that_cannot_pack_stay_unpacked(target):
+def test_nf4_packs_its_flat_buffers_by_row(target):
+    """NF4 keeps codes and absmax flat (bitsandbytes' layout); with blocks inside rows, each part's
+    are a contiguous run of the packed ones, in the order the parts are stacked."""
     model = copy.deepcopy(target[0])
     quantize_model(model, "nf4", progress=False)
+    attn = model.model.layers[0].self_attn
+    before = [(p.qweight.clone(), p.absmax.clone()) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    pack_projections(model)
+    fused = attn.packed_qkv.fused
+    assert fused.qweight.dim() == fused.absmax.dim() == 1
+    torch.testing.assert_close(fused.qweight, torch.cat([q for q, _ in before]))
+    torch.testing.assert_close(fused.absmax, torch.cat([a for _, a in before]))
+    assert attn.k_proj.qweight.data_ptr() == fused.qweight.data_ptr() + before[0][0].numel()
+
+
+def test_formats_that_cannot_pack_stay_unpacked(target):
+    """NF4 blocks that straddle two rows (a block longer than the input width) are not a stack of rows."""
+    model = copy.deepcopy(target[0])
+    quantize_model(model, "nf4", group_size=2 * model.config.hidden_size, progress=False)
     ref = logits(model, IDS)
     assert pack_projections(model) == 0
     torch.testing.assert_close(logits(model, IDS), ref)
