@@ -1,11 +1,12 @@
-"""What more rows cost: every linear of a model's layers called with 1, 2, 5, 9 and 17 rows, per format.
+"""What more rows cost: every product of a model's layers called with 1, 2, 5, 9 and 17 rows, per format.
 
 A decode step multiplies each weight by as many rows as it has sequences; a speculative verify by
 k + 1 rows. On a memory-bound model the weights' bytes set the time, so a loop that reads each
 weight once for all its rows makes the extra rows nearly free: that ratio is the ``v`` of
 speculative decoding (Leviathan et al. 2023: the cost of a verify forward over one decode step)
 and the marginal cost of a sequence in a batch. Each format is timed through the loops a decode
-step runs, all of a pass's linears in one C call (``decode_layers.LinearsCall``), so no Python sits
+step runs (q|k|v and gate|up packed into one product each, as the engine packs them), all of a
+pass's linears in one C call (``decode_layers.LinearsCall``), so no Python sits
 between them to flatten the ratios (a module call costs 10-20 us, as much as a small product); a
 format without loops here runs its modules instead, and ``fp32-torch`` is ``F.linear`` on the same
 weights for comparison. Rows of every (format, row count) are interleaved round-robin, best of
@@ -72,10 +73,15 @@ def _pass(call, modules, x, xs: dict, out) -> float:
 
 
 def layer_linears(model_name: str, fmt: str) -> list[list]:
-    """The projections of each decoder layer of ``model_name`` in format ``fmt`` (the head left out:
-    it runs once per step, not once per layer, and the engine computes it on sampled rows only)."""
+    """The products of each decoder layer of ``model_name`` in format ``fmt``, as a decode step runs
+    them: q|k|v and gate|up packed into one product each where the format packs
+    (``inferlab.model.packing``; NF4 does not, and runs its 7 projections), then o and down. The head
+    is left out: it runs once per step, not once per layer, and the engine computes it on sampled
+    rows only. Timing the 7 projections one by one would add 3 calls a layer, each with its own
+    activation quantization and thread wake-up, that the engine does not make."""
     from inferlab.model.linear import replace_linears
     from inferlab.model.loader import hf_model_folder, load_checkpoint
+    from inferlab.model.packing import pack_projections
     from inferlab.quant.quantize import quantize_model
 
     if fmt == "stored":  # a GGUF's blocks as the file holds them
@@ -86,7 +92,14 @@ def layer_linears(model_name: str, fmt: str) -> list[list]:
             replace_linears(model, lambda name, lin: _Torch(lin))
         elif fmt != "fp32":
             quantize_model(model, fmt, progress=False)
-    return [[m for n, m in layer.named_modules() if n.endswith("_proj")] for layer in model.model.layers]
+    pack_projections(model)
+    out = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = attn.__dict__.get("packed_qkv"), mlp.__dict__.get("packed_gate_up")
+        out.append([*([qkv.fused] if qkv else [attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj,
+                    *([gate_up.fused] if gate_up else [mlp.gate_proj, mlp.up_proj]), mlp.down_proj])
+    return out
 
 
 class _Torch(torch.nn.Module):
@@ -149,7 +162,7 @@ def run(model_name: str = "smollm2", formats=FORMATS, rows=ROWS, repeats: int = 
     for f in formats:
         out[f]["timed"] = "C loops, one call a pass" if calls[f, "memory"] is not None else "module calls"
     return {"model": model_name, "threads": torch.get_num_threads(), "repeats": repeats, "roof": roof,
-            "timing": "one pass over every layer projection, best of repeats, formats and row counts interleaved",
+            "timing": "one pass over every layer product (q|k|v and gate|up packed where the format packs), best of repeats, formats and row counts interleaved",
             "formats": out}
 
 
@@ -176,7 +189,7 @@ def _roof(per_layer: dict, formats, out: dict) -> dict | None:
 
 def table(res: dict) -> str:
     rows = list(next(iter(res["formats"].values()))["vs_one_row"])
-    lines = [f"{res['model']}, {res['threads']} threads: cost of N rows / cost of 1 row, every layer projection",
+    lines = [f"{res['model']}, {res['threads']} threads: cost of N rows / cost of 1 row, every layer product as a decode step runs them",
              f"{'format':<11} {'1 row ms':>9} " + " ".join(f"{r + ' rows':>8}" for r in rows[1:]) + "  5 rows goal"]
     for f, r in res["formats"].items():
         goal = r.get("goal_5_rows")

@@ -30,6 +30,11 @@ def test_rows_table_times_memory_and_cache_passes(monkeypatch):
     assert res["formats"]["fp32-torch"]["timed"] == "module calls"
     n = res["formats"]["fp32"]["linears"]
     assert n == sum(len(layer) for layer in layers)
+    # as a decode step runs them: q|k|v and gate|up packed (4 products a layer); NF4 does not pack
+    q, k, v, o, gate, up, down = bench_rows.layer_linears("target", "nf4")[0]
+    assert [len(layer) for layer in layers] == [4] * len(layers)
+    assert [m.out_features for m in layers[0]] == [q.out_features + k.out_features + v.out_features,
+                                                    o.out_features, gate.out_features + up.out_features, down.out_features]
     # fp32 and q8_0, a memory pass (every layer) and a cache pass (layer 0's projections, n of them)
     assert len(passes) == 4 and all(len(p) == n for p in passes)
     assert [len({id(m) for m in p}) for p in passes] == [n, len(layers[0]), n, len(layers[0])]
