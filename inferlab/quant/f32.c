@@ -15,11 +15,15 @@
      sit in the CPU's cache (a small model) and for many rows (a prompt, a large batch).
    - On x86, for up to STREAM_MAX rows of a weight of STREAM_BYTES or more (beyond a core's L2, so
      it comes from memory), each thread reads its weight rows one after the other, a single
-     sequential stream, asking for the weights 4 KB ahead of where it reads, and meets every
-     activation row with each vector it loads. More loads per product, but the core keeps one
-     stream flowing while it computes, where a tile's four streams stall. Measured on smollm2's
-     layer projections in fp32 (2 threads, AVX-512 EPYC, `inferlab bench rows`), 5 rows cost
-     1.05-1.16x one row over five runs, against 1.22-1.24x with tiles alone.
+     sequential stream, asking for the weights 16 KB ahead of where it reads, into L2 (not L1),
+     and meets every activation row with each vector it loads. More loads per product, but the
+     core keeps one stream flowing while it computes, where a tile's four streams stall. Measured
+     on smollm2's layer projections in fp32 (2 threads, AVX-512 EPYC, `inferlab bench rows`), 5
+     rows cost 1.05-1.16x one row over five runs, against 1.22-1.24x with tiles alone.
+     Where the prefetch went into L1, 4 KB ahead, another EPYC (32 KB L1) gave 5 rows 1.27-1.58x
+     one row over three runs: the requests L1 can keep in flight cap how far ahead it looks, and
+     5 rows' multiply-adds per vector left the stream waiting. Into L2, 16 KB ahead: 1.00-1.03x,
+     one row unchanged (13.3-14.1 ms against 13.6-14.2, runs alternated).
    Both walks add a row's products in the same order (one 8-float accumulator along K, then its
    lanes), so a row's result is the same bits whatever rows run beside it and whichever walk ran
    it: a sequence's logits do not depend on its batch or on the verify it sits in. The x86 builds
@@ -37,7 +41,7 @@
 #define TILE_N 4  /* weight rows per tile */
 #define STREAM_MAX 8  /* the stream walk takes up to this many rows (x86) ... */
 #define STREAM_BYTES (1 << 20)  /* ... of a weight this large: beyond a core's L2, so from memory */
-#define STREAM_AHEAD 1024  /* floats (4 KB) ahead on that stream, asked for as it reads */
+#define STREAM_AHEAD 4096  /* floats (16 KB) ahead on that stream, asked for into L2 as it reads */
 #define AHEAD 16  /* the first pass over a tile asks for the weights this many rows ahead: with the
                      hardware prefetcher alone, more rows per tile left the loop waiting on memory */
 
@@ -66,7 +70,7 @@ AVX2 static inline __attribute__((always_inline)) void row256(const float *x, in
     const float *wr = w + (size_t)n * K;
     for (int k = 0; k < K; k += 8) {
         const __m256 wv = _mm256_loadu_ps(wr + k);
-        if ((k & 15) == 0) _mm_prefetch((const char *)(wr + k + STREAM_AHEAD), _MM_HINT_T0);  /* a line a time */
+        if ((k & 15) == 0) _mm_prefetch((const char *)(wr + k + STREAM_AHEAD), _MM_HINT_T1);  /* a line a time, into L2 */
         for (int j = 0; j < MR; j++) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)j * K + k), acc[j]);
     }
     for (int j = 0; j < MR; j++) y[(size_t)j * N + n] = hsum256(acc[j]);
