@@ -75,11 +75,10 @@ def _pass(call, modules, x, xs: dict, out) -> float:
 def layer_linears(model_name: str, fmt: str) -> list[list]:
     """The products of each decoder layer of ``model_name`` in format ``fmt``, as a decode step runs
     them: q|k|v and gate|up packed into one product each where the format packs
-    (``inferlab.model.packing``; NF4 does not, and runs its 7 projections), then o and down. The head
+    (``inferlab.model.packing``; ``fp32-torch`` packs as fp32 does), then o and down. The head
     is left out: it runs once per step, not once per layer, and the engine computes it on sampled
     rows only. Timing the 7 projections one by one would add 3 calls a layer, each with its own
     activation quantization and thread wake-up, that the engine does not make."""
-    from inferlab.model.linear import replace_linears
     from inferlab.model.loader import hf_model_folder, load_checkpoint
     from inferlab.model.packing import pack_projections
     from inferlab.quant.quantize import quantize_model
@@ -88,17 +87,16 @@ def layer_linears(model_name: str, fmt: str) -> list[list]:
         model, _ = load_checkpoint(model_name, device="cpu", dtype=torch.float32)
     else:
         model, _ = load_checkpoint(hf_model_folder(model_name), device="cpu", dtype=torch.float32)
-        if fmt == "fp32-torch":
-            replace_linears(model, lambda name, lin: _Torch(lin))
-        elif fmt != "fp32":
+        if fmt not in ("fp32", "fp32-torch"):
             quantize_model(model, fmt, progress=False)
     pack_projections(model)
     out = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = attn.__dict__.get("packed_qkv"), mlp.__dict__.get("packed_gate_up")
-        out.append([*([qkv.fused] if qkv else [attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj,
-                    *([gate_up.fused] if gate_up else [mlp.gate_proj, mlp.up_proj]), mlp.down_proj])
+        products = [*([qkv.fused] if qkv else [attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj,
+                    *([gate_up.fused] if gate_up else [mlp.gate_proj, mlp.up_proj]), mlp.down_proj]
+        out.append([_Torch(m) for m in products] if fmt == "fp32-torch" else products)
     return out
 
 

@@ -30,11 +30,16 @@ def test_rows_table_times_memory_and_cache_passes(monkeypatch):
     assert res["formats"]["fp32-torch"]["timed"] == "module calls"
     n = res["formats"]["fp32"]["linears"]
     assert n == sum(len(layer) for layer in layers)
-    # as a decode step runs them: q|k|v and gate|up packed (4 products a layer); NF4 does not pack
-    q, k, v, o, gate, up, down = bench_rows.layer_linears("target", "nf4")[0]
-    assert [len(layer) for layer in layers] == [4] * len(layers)
-    assert [m.out_features for m in layers[0]] == [q.out_features + k.out_features + v.out_features,
-                                                    o.out_features, gate.out_features + up.out_features, down.out_features]
+    # as a decode step runs them: q|k|v and gate|up packed (4 products a layer), in every format timed
+    from inferlab.model.loader import load_checkpoint
+    layer0 = load_checkpoint("target", device="cpu")[0].model.layers[0]
+    a, mlp = layer0.self_attn, layer0.mlp
+    widths = [a.q_proj.out_features + a.k_proj.out_features + a.v_proj.out_features, a.o_proj.out_features,
+              mlp.gate_proj.out_features + mlp.up_proj.out_features, mlp.down_proj.out_features]
+    for f in ("fp32", "fp32-torch", "q8_0", "nf4"):
+        per_layer = layers if f == "fp32" else bench_rows.layer_linears("target", f)
+        assert [len(layer) for layer in per_layer] == [4] * len(per_layer), f
+        assert [m.out_features for m in per_layer[0]] == widths, f
     # fp32 and q8_0, a memory pass (every layer) and a cache pass (layer 0's projections, n of them)
     assert len(passes) == 4 and all(len(p) == n for p in passes)
     assert [len({id(m) for m in p}) for p in passes] == [n, len(layers[0]), n, len(layers[0])]
