@@ -146,16 +146,18 @@ def _run_static(llm: LLM, workload: list[dict], batches: list[list[int]]) -> dic
 
 def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0, budget_tokens: int | None = None,
                    repeats: int = 2, device: str | None = None, scale: int = SCALE, block_size: int = 16,
-                   max_num_seqs: int = 256) -> dict:
+                   max_num_seqs: int = 256, quantization: str | None = None) -> dict:
     """Orca-Max, Orca-Pow2 and vLLM on one seeded ShareGPT-shaped workload under one KV budget
     (``budget_tokens``; default :func:`default_budget_tokens`), in one process, the three runs
-    alternating ``repeats`` times, best of each. Each system loads its engine once and warms it up."""
+    alternating ``repeats`` times, best of each. Each system loads its engine once and warms it up;
+    all three load the weights with ``LLM``'s ``quantization``."""
     budget = budget_tokens or default_budget_tokens(block_size, scale)
     max_model_len = SHAREGPT["max_len"] // scale
     if budget < max_model_len:
         raise ValueError(f"the KV budget ({budget} tokens) must hold at least one max_model_len ({max_model_len}) sequence")
     vllm = LLM(model, device=device, block_size=block_size, num_kv_blocks=budget // block_size,
-               max_num_seqs=max_num_seqs, max_model_len=max_model_len, batching_policy="continuous")
+               max_num_seqs=max_num_seqs, max_model_len=max_model_len, batching_policy="continuous",
+               quantization=quantization)
     workload = make_sharegpt_workload(vllm.tokenizer, num_requests, seed, scale)
     lengths = [len(w["prompt"]) + w["max_tokens"] for w in workload]
     batches = {s: static_batches(lengths, s, budget, max_model_len) for s in SCHEMES}
@@ -163,7 +165,8 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
     for s in SCHEMES:
         most = max(len(b) for b in batches[s])
         engines[s] = LLM(model, device=device, block_size=block_size, max_num_seqs=most, max_model_len=max_model_len,
-                         num_kv_blocks=budget // block_size + most, batching_policy="static")
+                         num_kv_blocks=budget // block_size + most, batching_policy="static",
+                         quantization=quantization)
     warm = make_sharegpt_workload(vllm.tokenizer, 8, seed + 1, scale)
     for w in warm:
         w["max_tokens"] = min(w["max_tokens"], 8)
@@ -194,7 +197,7 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
     cfg = vllm.model.config
     per_token = kv_bytes_per_token(cfg, bytes_per_value=4)  # the engine's fp32 cache on CPU
     ratio = systems["vLLM"]["over_Orca-Max"]
-    return {"model": model, "requests": num_requests, "seed": seed, "scale": scale, "repeats": repeats,
+    return {"model": model, "quantization": quantization, "requests": num_requests, "seed": seed, "scale": scale, "repeats": repeats,
             "workload": {"source": "ShareGPT lengths as the vLLM paper reports them (mean 161 in / 338 out), "
                                    f"divided by {scale}",
                          "mean_prompt_tokens": statistics.fmean(len(w["prompt"]) for w in workload),

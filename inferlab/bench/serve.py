@@ -193,7 +193,7 @@ def _same_memory(model: str, args, p) -> dict:
         budget = int(args.kv_budget_mb * 1e6 // kv_bytes_per_token(model_config(model), bytes_per_value=4))
     try:
         return compare_memory(model, args.memory_requests or args.num_requests, args.seed, budget,
-                              min(args.repeats, 2), args.device)
+                              min(args.repeats, 2), args.device, quantization=args.quantization)
     except ValueError as e:
         p.error(str(e))
 
@@ -203,7 +203,7 @@ def _print_memory(m: dict) -> None:
     print(f"same KV memory: {m['kv_budget_tokens']} tokens ({m['kv_budget_mb']:.1f} MB at "
           f"{m['kv_bytes_per_token'] / 1e3:.1f} kB per token), {m['requests']} requests of ShareGPT lengths divided by "
           f"{m['scale']} (mean {w['mean_prompt_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out, max_model_len "
-          f"{w['max_model_len']}), best of {m['repeats']}")
+          f"{w['max_model_len']}), weights {m['quantization'] or 'as stored'}, best of {m['repeats']}")
     print(f"{'model':<12}{'system':<11}{'reserves':<19}{'tokens/s':>10}{'vLLM is':>9}{'batch':>7}{'formed':>8}"
           f"{'steps':>7}{'preempt':>8}")
     v = m["systems"]["vLLM"]
@@ -224,7 +224,7 @@ def _print_memory(m: dict) -> None:
 def _print_slots(reports: list[dict]) -> None:
     r = reports[0]
     print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, rate {r['request_rate']}/s, "
-          f"best of {r['repeats']}, {r['threads']} threads")
+          f"weights {r['quantization'] or 'as stored'}, best of {r['repeats']}, {r['threads']} threads")
     print(f"{'model':<12}{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}{'batch':>7}")
     for r in reports:
         for name in ("continuous", "static"):

@@ -52,13 +52,25 @@ def test_workload_prompts_are_english_windows_of_the_drawn_length(target):
     assert " the " in tok.decode(max(w, key=lambda r: len(r["prompt"]))["prompt"])
 
 
-def test_bench_serve_same_memory_report(capsys):
+def test_bench_serve_same_memory_report(capsys, monkeypatch):
     """On the embedded model, a tiny workload, a 512-token budget given in MB (3072 B per token):
-    every system completes every request, Orca-Max fits 2, and the report says what it measured."""
+    every system completes every request, Orca-Max fits 2, every engine runs the weights
+    ``--quantization`` asks for, and the report says what it measured."""
+    import inferlab.bench.kv_budget as kv_budget
+
+    built = []
+
+    class Recording(kv_budget.LLM):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            built.append(type(self.model.model.layers[0].self_attn.o_proj).__name__)
+
+    monkeypatch.setattr(kv_budget, "LLM", Recording)
     args = ["bench", "serve", "--model", "target", "--compare", "memory", "--memory-requests", "5", "--repeats", "1",
             "--kv-budget-mb", "1.572864"]
-    assert main(args + ["--json"]) == 0
+    assert main(args + ["--json", "--quantization", "int8"]) == 0
     m = json.loads(capsys.readouterr().out)["same_memory"]
+    assert m["quantization"] == "int8" and len(built) == 3 and all("Int8" in name for name in built), built
     assert m["kv_budget_tokens"] == 512 and m["max_sequences_orca_max"] == 2 and m["kv_bytes_per_token"] == 3072
     assert set(m["systems"]) == {"Orca-Max", "Orca-Pow2", "vLLM"}
     want = sum(o for _, o in sharegpt_lengths(5))
@@ -72,5 +84,5 @@ def test_bench_serve_same_memory_report(capsys):
     assert m["goal_met"] == (m["vllm_over_orca_max"] >= 3.0)
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "ShareGPT lengths divided by 8" in out and "Orca-Pow2" in out
+    assert "ShareGPT lengths divided by 8" in out and "Orca-Pow2" in out and "weights as stored" in out
     assert "goal vLLM / Orca-Max tokens/s >= 3.0:" in out and ("met" in out or "MISSED" in out)
