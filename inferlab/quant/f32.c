@@ -12,18 +12,21 @@
    - A tile of 4 weight rows stays in registers while it meets each activation row (up to 6 at a
      time where AVX-512 gives 32 registers, 2 with AVX2's 16, 4 on NEON), and more activation rows
      re-read the tile from L1, not memory. Few loads per product: the faster walk where the weights
-     sit in the CPU's cache (a small model) and for many rows (a prompt, a large batch).
+     sit in the CPU's cache (a small model) and for many rows (a prompt, a large batch). Its first
+     pass asks for the weights AHEAD rows ahead, into L2: asked into L1 (16 rows of 576-1536 floats
+     is more than L1 holds), smollm2's layer products took 24-26 ms at 9 rows and 31-35 at 17 on
+     a 32 KB-L1 EPYC; into L2, 16-18 and 24-27 (2 threads, `inferlab bench rows`, runs alternated).
    - On x86, for up to STREAM_MAX rows of a weight of STREAM_BYTES or more (beyond a core's L2, so
      it comes from memory), each thread reads its weight rows one after the other, a single
      sequential stream, asking for the weights 16 KB ahead of where it reads, into L2 (not L1),
      and meets every activation row with each vector it loads. More loads per product, but the
-     core keeps one stream flowing while it computes, where a tile's four streams stall. Measured
-     on smollm2's layer projections in fp32 (2 threads, AVX-512 EPYC, `inferlab bench rows`), 5
-     rows cost 1.05-1.16x one row over five runs, against 1.22-1.24x with tiles alone.
-     Where the prefetch went into L1, 4 KB ahead, another EPYC (32 KB L1) gave 5 rows 1.27-1.58x
-     one row over three runs: the requests L1 can keep in flight cap how far ahead it looks, and
-     5 rows' multiply-adds per vector left the stream waiting. Into L2, 16 KB ahead: 1.00-1.03x,
-     one row unchanged (13.3-14.1 ms against 13.6-14.2, runs alternated).
+     core keeps one stream flowing while it computes. Where the prefetch went into L1, 4 KB ahead,
+     an EPYC with a 32 KB L1 gave 5 rows 1.27-1.58x one row over three runs: the requests L1 can
+     keep in flight cap how far ahead it looks, and 5 rows' multiply-adds per vector left the
+     stream waiting. Into L2, 16 KB ahead: 1.00-1.03x, one row unchanged (13.3-14.1 ms against
+     13.6-14.2, runs alternated). Against the tiles (prefetching into L2) on the same machine, the
+     stream was as fast or faster up to 5 rows (one row 12-16 ms against 14-17) and slower from 6
+     (8 rows 21-22 ms against 17-18): so it takes up to 5.
    Both walks add a row's products in the same order (one 8-float accumulator along K, then its
    lanes), so a row's result is the same bits whatever rows run beside it and whichever walk ran
    it: a sequence's logits do not depend on its batch or on the verify it sits in. The x86 builds
@@ -39,11 +42,11 @@
 #include <stdint.h>
 
 #define TILE_N 4  /* weight rows per tile */
-#define STREAM_MAX 8  /* the stream walk takes up to this many rows (x86) ... */
+#define STREAM_MAX 5  /* the stream walk takes up to this many rows (x86) ... */
 #define STREAM_BYTES (1 << 20)  /* ... of a weight this large: beyond a core's L2, so from memory */
 #define STREAM_AHEAD 4096  /* floats (16 KB) ahead on that stream, asked for into L2 as it reads */
-#define AHEAD 16  /* the first pass over a tile asks for the weights this many rows ahead: with the
-                     hardware prefetcher alone, more rows per tile left the loop waiting on memory */
+#define AHEAD 16  /* the first pass over a tile asks for the weights this many rows ahead, into L2: with
+                     the hardware prefetcher alone, more rows per tile left the loop waiting on memory */
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -82,9 +85,6 @@ AVX2 static int stream(const float *x, int M, int K, const float *w, int N, floa
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int n = 0; n < N; n++) {
         switch (M) {  /* constant row counts, so each row's loops unroll */
-            case 8: row256(x, K, w, N, y, n, 8); break;
-            case 7: row256(x, K, w, N, y, n, 7); break;
-            case 6: row256(x, K, w, N, y, n, 6); break;
             case 5: row256(x, K, w, N, y, n, 5); break;
             case 4: row256(x, K, w, N, y, n, 4); break;
             case 3: row256(x, K, w, N, y, n, 3); break;
@@ -107,7 +107,7 @@ TARGET static inline __attribute__((always_inline)) void NAME(const float *x, in
         __m256 wv[TILE_N];                                                                                \
         for (int r = 0; r < TILE_N; r++) {                                                                \
             wv[r] = _mm256_loadu_ps(wt + (size_t)r * K + k);                                              \
-            if (m0 == 0 && (k & 15) == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T0); \
+            if (m0 == 0 && (k & 15) == 0) _mm_prefetch((const char *)(wt + (size_t)(r + AHEAD) * K + k), _MM_HINT_T1); \
         }                                                                                                 \
         for (int j = 0; j < MR; j++) {                                                                    \
             const __m256 xv = _mm256_loadu_ps(x + (size_t)(m0 + j) * K + k);                             \

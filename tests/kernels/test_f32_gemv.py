@@ -35,7 +35,7 @@ def test_every_row_count_matches_torch(isa, rows, k, n):
 
 @needs_loop
 def test_a_row_is_the_same_bits_whatever_rows_run_beside_it(isa):
-    """Up to 8 rows read the weights as one stream, more as tiles of 4 weight rows: both sum a row in
+    """Up to 5 rows read the weights as one stream, more as tiles of 4 weight rows: both sum a row in
     the same order, so a sequence's logits do not depend on the batch or the verify it sits in."""
     torch.manual_seed(0)
     x, w = torch.randn(17, 576), torch.randn(960, 576)
