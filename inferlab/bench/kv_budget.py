@@ -132,6 +132,25 @@ def default_budget_tokens(block_size: int = 16, scale: int = SCALE, sequences: i
     return sequences * block_size * math.ceil(mean / block_size)
 
 
+def step_split(records: list[dict]) -> dict:
+    """Where a run's step time went: steps that compute a prompt (a new request's, or one recomputed
+    after preemption, with any decodes beside it) against steps that only decode, and the decode
+    steps' own tokens per second (one token per sequence per step). On a GPU a prompt's tokens cost
+    a small part of a decode step each; on a CPU they cost about as much as a decode row, so the
+    prompts, the same work for every system, weigh on tokens/s and flatten the ratios between them."""
+    def is_decode(rec):
+        return all(row["kind"] == "decode" for row in rec["scheduled"])
+
+    decode = [r for r in records if is_decode(r)]
+    decode_s = sum(r["seconds"] for r in decode)
+    prompt_s = sum(r["seconds"] for r in records if not is_decode(r))
+    return {"prompt_step_s": prompt_s, "decode_step_s": decode_s,
+            "prompt_share": prompt_s / (prompt_s + decode_s) if prompt_s + decode_s else 0.0,
+            "prompt_tokens_computed": sum(row["num_new_tokens"] for r in records for row in r["scheduled"]
+                                          if row["kind"] != "decode"),
+            "decode_tokens_per_s": sum(len(r["scheduled"]) for r in decode) / decode_s if decode_s else 0.0}
+
+
 def _run_static(llm: LLM, workload: list[dict], batches: list[list[int]]) -> dict:
     """Each batch through the engine in turn, to completion; throughput over the whole workload."""
     runs = [run_offline({}, [workload[i] for i in b], llm=llm) for b in batches]
@@ -190,10 +209,13 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
                           "requests": r["requests"], "output_tokens": r["output_tokens"], "num_steps": r["num_steps"],
                           "mean_batch": mean_decode_batch(r["records"]), "preemptions": r["num_preemptions"],
                           "num_batches": r["num_batches"], "mean_batch_formed": r["mean_batch_formed"],
-                          "max_batch_formed": r["max_batch_formed"], "records": r["records"]}
+                          "max_batch_formed": r["max_batch_formed"], **step_split(r["records"]),
+                          "records": r["records"]}
     v = systems["vLLM"]["output_tokens_per_s"]
     for label in ("Orca-Max", "Orca-Pow2"):
         systems["vLLM"][f"over_{label}"] = v / systems[label]["output_tokens_per_s"]
+        systems["vLLM"][f"decode_steps_over_{label}"] = (systems["vLLM"]["decode_tokens_per_s"]
+                                                          / systems[label]["decode_tokens_per_s"])
     cfg = vllm.model.config
     per_token = kv_bytes_per_token(cfg, bytes_per_value=4)  # the engine's fp32 cache on CPU
     ratio = systems["vLLM"]["over_Orca-Max"]
@@ -202,6 +224,7 @@ def compare_memory(model: str = "target", num_requests: int = 64, seed: int = 0,
                                    f"divided by {scale}",
                          "mean_prompt_tokens": statistics.fmean(len(w["prompt"]) for w in workload),
                          "mean_output_tokens": statistics.fmean(w["max_tokens"] for w in workload),
+                         "prompt_tokens": sum(len(w["prompt"]) for w in workload),
                          "max_model_len": max_model_len},
             "kv_budget_tokens": budget, "kv_bytes_per_token": per_token, "kv_budget_mb": budget * per_token / 1e6,
             "block_size": block_size, "max_sequences_orca_max": budget // max_model_len,

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from inferlab.bench.kv_budget import (SHAREGPT, default_budget_tokens, make_sharegpt_workload, reservation,
+from inferlab.bench.kv_budget import (SHAREGPT, default_budget_tokens, make_sharegpt_workload, reservation, step_split,
                                       sharegpt_lengths, static_batches)
 from inferlab.cli import main
 
@@ -82,7 +82,27 @@ def test_bench_serve_same_memory_report(capsys, monkeypatch):
     assert m["vllm_over_orca_max"] == v["over_Orca-Max"] == pytest.approx(
         v["output_tokens_per_s"] / m["systems"]["Orca-Max"]["output_tokens_per_s"], rel=1e-2)
     assert m["goal_met"] == (m["vllm_over_orca_max"] >= 3.0)
+    # Static batches never preempt: they compute each prompt once; vLLM recomputes what it preempted
+    prompts = m["workload"]["prompt_tokens"]
+    assert m["systems"]["Orca-Max"]["prompt_tokens_computed"] == m["systems"]["Orca-Pow2"]["prompt_tokens_computed"] == prompts
+    assert v["prompt_tokens_computed"] >= prompts and (v["preemptions"] > 0) == (v["prompt_tokens_computed"] > prompts)
+    for x in m["systems"].values():
+        assert 0 < x["prompt_share"] < 1 and x["decode_tokens_per_s"] > 0
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ShareGPT lengths divided by 8" in out and "Orca-Pow2" in out and "weights as stored" in out
+    assert "steps with a prompt:" in out and "decode steps alone: vLLM" in out
     assert "goal vLLM / Orca-Max tokens/s >= 3.0:" in out and ("met" in out or "MISSED" in out)
+
+
+def test_step_split_counts_prompt_steps_and_decode_rows():
+    """A prompt step (with a decode beside it) counts its prompt rows and its time on the prompt
+    side; decode-only steps give tokens/s as sequences per step over their time."""
+    d = {"kind": "decode", "num_new_tokens": 1}
+    records = [{"scheduled": [{"kind": "prefill", "num_new_tokens": 7}, d], "seconds": 0.5},
+               {"scheduled": [d, d, d], "seconds": 0.25},
+               {"scheduled": [{"kind": "prefill", "num_new_tokens": 3, "chunk": True}], "seconds": 0.25},
+               {"scheduled": [d], "seconds": 0.5}]
+    split = step_split(records)
+    assert split["prompt_step_s"] == 0.75 and split["decode_step_s"] == 0.75 and split["prompt_share"] == 0.5
+    assert split["prompt_tokens_computed"] == 10 and split["decode_tokens_per_s"] == 4 / 0.75
