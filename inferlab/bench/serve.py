@@ -198,12 +198,17 @@ def _same_memory(model: str, args, p) -> dict:
         p.error(str(e))
 
 
+def _weights(quantization: str | None) -> str:
+    """How a report names the weights it timed: ``--quantization``'s method, none (fp32), or the model's own."""
+    return {None: "as stored", "none": "fp32"}.get(quantization, quantization)
+
+
 def _print_memory(m: dict) -> None:
     w = m["workload"]
     print(f"same KV memory: {m['kv_budget_tokens']} tokens ({m['kv_budget_mb']:.1f} MB at "
           f"{m['kv_bytes_per_token'] / 1e3:.1f} kB per token), {m['requests']} requests of ShareGPT lengths divided by "
           f"{m['scale']} (mean {w['mean_prompt_tokens']:.0f} in / {w['mean_output_tokens']:.0f} out, max_model_len "
-          f"{w['max_model_len']}), weights {m['quantization'] or 'as stored'}, best of {m['repeats']}")
+          f"{w['max_model_len']}), weights {_weights(m['quantization'])}, best of {m['repeats']}")
     print(f"{'model':<12}{'system':<11}{'reserves':<19}{'tokens/s':>10}{'vLLM is':>9}{'batch':>7}{'formed':>8}"
           f"{'steps':>7}{'preempt':>8}")
     v = m["systems"]["vLLM"]
@@ -229,7 +234,7 @@ def _print_memory(m: dict) -> None:
 def _print_slots(reports: list[dict]) -> None:
     r = reports[0]
     print(f"{r['requests']} requests, max_num_seqs {r['max_num_seqs']}, seed {r['seed']}, rate {r['request_rate']}/s, "
-          f"weights {r['quantization'] or 'as stored'}, best of {r['repeats']}, {r['threads']} threads")
+          f"weights {_weights(r['quantization'])}, best of {r['repeats']}, {r['threads']} threads")
     print(f"{'model':<12}{'policy':<12}{'tokens/s':>10}{'req/s':>8}{'TTFT p50':>10}{'TPOT ms':>9}{'steps':>7}{'batch':>7}")
     for r in reports:
         for name in ("continuous", "static"):
