@@ -119,7 +119,7 @@ int inferlab_decode_layers(float *x, const Layer *layers, int n_layers, const St
         float *part[3];
         int64_t stride[3];
         /* attention: norm, q/k/v, RoPE on q and k, the cache write, attention, o, residual */
-        inferlab_rms_norm(x, L->ln1, h, M, H, s->eps);
+        inferlab_rms_norm(x, L->ln1, h, M, H, s->eps, s->nthreads);
         part[0] = qkv; part[1] = qkv + nq; part[2] = qkv + nq + nkv;
         if ((err = run_parts(L->qkv, L->n_qkv, h, M, H, qkv, s->nthreads, part, stride))) break;
         inferlab_rope(part[0], M, s->hq, D, stride[0], D, s->cos, s->sin);
@@ -134,7 +134,7 @@ int inferlab_decode_layers(float *x, const Layer *layers, int n_layers, const St
         if ((err = run_linear(&L->o, att, M, nq, y, s->nthreads))) break;
         for (int64_t i = 0; i < (int64_t)M * H; i++) x[i] += y[i];
         /* MLP: norm, gate and up, silu(gate) * up, down, residual */
-        inferlab_rms_norm(x, L->ln2, h, M, H, s->eps);
+        inferlab_rms_norm(x, L->ln2, h, M, H, s->eps, s->nthreads);
         part[0] = gu; part[1] = gu + F;
         if ((err = run_parts(L->gate_up, L->n_gate_up, h, M, H, gu, s->nthreads, part, stride))) break;
         inferlab_silu_mul(part[0], stride[0], part[1], stride[1], act, M, F, s->nthreads);

@@ -16,15 +16,23 @@
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `dim` floats (contiguous).
    The sum of squares is accumulated in double: one long float sum would drift from torch's
-   vectorised (pairwise) one by more than the low bit. */
-void inferlab_rms_norm(const float *x, const float *w, float *out, int rows, int dim, float eps) {
+   vectorised (pairwise) one by more than the low bit. It runs in 8 lanes, added in order at the
+   end: a fixed order the compiler vectorises (a single running sum is a chain of dependent adds,
+   about 0.7 us a row of 576, which a batch of 16 paid 60 times a step). A prompt's many rows are
+   shared over `nthreads` threads; each row is computed the same way on any of them. */
+CLONES void inferlab_rms_norm(const float *x, const float *w, float *out, int rows, int dim, float eps, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows > 32)
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (int64_t)r * dim;
         float *yr = out + (int64_t)r * dim;
-        double ss = 0.0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        double lane[8] = {0.0}, ss = 0.0;
+        int i = 0;
+        for (; i + 8 <= dim; i += 8)
+            for (int j = 0; j < 8; j++) lane[j] += (double)xr[i + j] * xr[i + j];
+        for (int j = 0; j < 8; j++) ss += lane[j];
+        for (; i < dim; i++) ss += (double)xr[i] * xr[i];
         const float inv = (float)(1.0 / sqrt(ss / dim + eps));
-        for (int i = 0; i < dim; i++) yr[i] = (xr[i] * inv) * w[i];
+        for (int j = 0; j < dim; j++) yr[j] = (xr[j] * inv) * w[j];
     }
 }
 

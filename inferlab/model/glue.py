@@ -19,7 +19,7 @@ from inferlab.native import library, runs
 SOURCE = Path(__file__).with_name("glue.c")
 DEPENDS = (Path(__file__).parent.parent / "clones.h", Path(__file__).parent.parent / "exp_poly.h")  # what glue.c includes
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-_SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f)),
+_SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f, _i)),
                ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)),
                ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i, _i)))
 
@@ -31,7 +31,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
         return None
     out = torch.empty_like(x)
     dim = x.shape[-1]
-    lib.inferlab_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps)
+    lib.inferlab_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // dim, dim, eps,
+                          torch.get_num_threads())
     return out
 
 
