@@ -71,3 +71,37 @@ CLONES void inferlab_silu_mul(const float *gate, int64_t gate_stride, const floa
         for (int i = 0; i < F; i++) a[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
     }
 }
+
+/* out[r] = the position of row r's first maximum among n floats: torch's max(-1).indices, with
+   its rules (the first of equal maxima; a row holding a NaN gives its first NaN). A decode step
+   picks each greedy token so, over a vocabulary of 49,152 at smollm2: torch's reduction compares one
+   float at a time (about 80 us a row on the EPYC measured, 0.66 ms for a batch of 16). Here the
+   maximum comes from a vectorised reduction (any order gives the same maximum), then a scan finds
+   the first position holding it, 64 floats at a time. Rows are shared over `nthreads` threads. */
+CLONES void inferlab_argmax(const float *x, int rows, int64_t n, int64_t *out, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows > 1)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (int64_t)r * n;
+        float m = -INFINITY;  /* the largest number; a NaN anywhere makes the first NaN the answer */
+        int any_nan = 0;
+        #pragma omp simd reduction(max:m) reduction(|:any_nan)
+        for (int64_t i = 0; i < n; i++) {
+            m = xr[i] > m ? xr[i] : m;
+            any_nan |= xr[i] != xr[i];
+        }
+        int64_t at = 0;
+        for (int64_t c = 0; c < n; c += 64) {
+            const int64_t end = c + 64 < n ? c + 64 : n;
+            int hit = 0;
+            if (any_nan)
+                for (int64_t k = c; k < end; k++) hit |= xr[k] != xr[k];
+            else
+                for (int64_t k = c; k < end; k++) hit |= xr[k] == m;
+            if (hit) {
+                for (at = c; any_nan ? xr[at] == xr[at] : xr[at] != m; at++) {}
+                break;
+            }
+        }
+        out[r] = at;
+    }
+}

@@ -21,7 +21,8 @@ DEPENDS = (Path(__file__).parent.parent / "clones.h", Path(__file__).parent.pare
 _p, _i, _i64, _f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = (("inferlab_rms_norm", (_p, _p, _p, _i, _i, _f, _i)),
                ("inferlab_rope", (_p, _i, _i, _i, _i64, _i64, _p, _p)),
-               ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i, _i)))
+               ("inferlab_silu_mul", (_p, _i64, _p, _i64, _p, _i, _i, _i)),
+               ("inferlab_argmax", (_p, _i, _i64, _p, _i)))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -65,4 +66,17 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(gate.shape)
     lib.inferlab_silu_mul(g.data_ptr(), g.stride(0), u.data_ptr(), u.stride(0), out.data_ptr(), g.shape[0], f,
                           torch.get_num_threads())
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor | None:
+    """The position of the first maximum along the last dimension of x [..., V] (int64, torch's
+    ``x.max(-1).indices``: the first of equal maxima, a row's first NaN if it holds one), or None
+    where the C loop does not run."""
+    if not (runs(x) and x.dim() >= 1 and x.shape[-1] > 0 and x.is_contiguous()) \
+            or (lib := library(SOURCE, _SIGNATURES, DEPENDS)) is None:
+        return None
+    n = x.shape[-1]
+    out = torch.empty(x.shape[:-1], dtype=torch.int64)
+    lib.inferlab_argmax(x.data_ptr(), x.numel() // n, n, out.data_ptr(), torch.get_num_threads())
     return out

@@ -16,7 +16,7 @@ needs_c = pytest.mark.skipif(library(glue.SOURCE, ()) is None, reason="no C comp
 
 
 @needs_c
-@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 7, 64), (3, 2, 100)])
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 7, 64), (3, 2, 100), (1, 300, 576)])
 def test_rms_norm_matches_torch(shape):
     torch.manual_seed(sum(shape))
     x, w = torch.randn(shape) * 3, torch.randn(shape[-1])
@@ -24,6 +24,32 @@ def test_rms_norm_matches_torch(shape):
         y = glue.rms_norm(x, w, 1e-5)
     assert y is not None
     torch.testing.assert_close(y, F.rms_norm(x, w.shape, w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+@needs_c
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 64, 65, 1000, 49152])
+def test_argmax_is_torchs_first_maximum(n):
+    """Greedy tokens from the C loop against torch's ``max(-1).indices`` (and ``argmax``): random
+    rows, a maximum repeated early and late (within and beyond the first chunk of 64), -0 before
+    +0, rows of -inf, +inf and a NaN (torch gives the first NaN), 2 and 3 dims."""
+    torch.manual_seed(n)
+    x = torch.randn(12, n)
+    if n > 1:
+        x[1, n // 2] = x[1, n - 1] = 50.0                   # a tie: the first wins
+        x[2, :] = 7.0                                       # all equal: position 0
+        x[3, n - 1] = float("inf")
+        x[4, n // 3] = float("nan")
+        x[5, n - 1] = float("nan")
+        x[5, 0] = float("inf")
+        x[6, :] = float("-inf")
+        x[7, (n * 2) // 3] = x[7, n // 4] = 9.0
+        x[8] = -x[8].abs() - 1
+        x[8, n // 5], x[8, n - 1] = -0.0, 0.0               # -0 == +0: the first of them
+    got = glue.argmax(x)
+    assert got is not None and got.dtype == torch.int64
+    assert torch.equal(got, x.max(-1).indices), (got, x.max(-1).indices)
+    assert torch.equal(got[7:8], x[7:8].argmax(-1))
+    assert torch.equal(glue.argmax(x.view(3, 4, n)), x.view(3, 4, n).max(-1).indices)
 
 
 @needs_c
@@ -175,6 +201,7 @@ def test_what_the_loops_do_not_take_goes_to_torch(monkeypatch):
     with torch.no_grad():
         assert glue.rms_norm(x.double(), w.double(), 1e-5) is None
         assert glue.rms_norm(torch.randn(8, 2).T, w[:2], 1e-5) is None  # not contiguous
+        assert glue.argmax(x.double()) is None and glue.argmax(torch.randn(8, 2).T) is None
         assert not glue.rope_(cos, sin, torch.randn(2, 1, 1, 8))  # a batch of two: positions differ
         q = torch.randn(1, 1, 1, 8)
         before = q.clone()
@@ -184,6 +211,6 @@ def test_what_the_loops_do_not_take_goes_to_torch(monkeypatch):
     for knob, value in (("INFERLAB_QUANT_KERNEL", "eager"), ("ATEN_CPU_CAPABILITY", "default")):
         with monkeypatch.context() as m, torch.no_grad():
             m.setenv(knob, value)
-            assert glue.rms_norm(x, w, 1e-5) is None
+            assert glue.rms_norm(x, w, 1e-5) is None and glue.argmax(x) is None
             assert cpu_decode.paged_decode(torch.randn(1, 2, 8), *_cache(4, 2, 8), torch.arange(4)[None],
                                            torch.tensor([4])) is None
