@@ -35,7 +35,7 @@ import statistics
 from pathlib import Path
 
 from inferlab.bench.offline import run_offline
-from inferlab.bench.stats import decode_step_seconds, mean_decode_batch
+from inferlab.bench.stats import decode_step_seconds, mean_decode_batch, step_split
 from inferlab.llm import LLM
 from inferlab.model.gqa import kv_bytes_per_token
 
@@ -130,25 +130,6 @@ def default_budget_tokens(block_size: int = 16, scale: int = SCALE, sequences: i
     rounded up to whole blocks): 16 * 64 = 1024 tokens at scale 8."""
     mean = (SHAREGPT["input_mean"] + SHAREGPT["output_mean"]) / scale
     return sequences * block_size * math.ceil(mean / block_size)
-
-
-def step_split(records: list[dict]) -> dict:
-    """Where a run's step time went: steps that compute a prompt (a new request's, or one recomputed
-    after preemption, with any decodes beside it) against steps that only decode, and the decode
-    steps' own tokens per second (one token per sequence per step). On a GPU a prompt's tokens cost
-    a small part of a decode step each; on a CPU they cost about as much as a decode row, so the
-    prompts, the same work for every system, weigh on tokens/s and flatten the ratios between them."""
-    def is_decode(rec):
-        return all(row["kind"] == "decode" for row in rec["scheduled"])
-
-    decode = [r for r in records if is_decode(r)]
-    decode_s = sum(r["seconds"] for r in decode)
-    prompt_s = sum(r["seconds"] for r in records if not is_decode(r))
-    return {"prompt_step_s": prompt_s, "decode_step_s": decode_s,
-            "prompt_share": prompt_s / (prompt_s + decode_s) if prompt_s + decode_s else 0.0,
-            "prompt_tokens_computed": sum(row["num_new_tokens"] for r in records for row in r["scheduled"]
-                                          if row["kind"] != "decode"),
-            "decode_tokens_per_s": sum(len(r["scheduled"]) for r in decode) / decode_s if decode_s else 0.0}
 
 
 def _run_static(llm: LLM, workload: list[dict], batches: list[list[int]]) -> dict:

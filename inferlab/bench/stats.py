@@ -47,12 +47,17 @@ def percentile(values: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def is_decode_step(record: dict) -> bool:
+    """Does every sequence in this step record compute one token (no prompt, no chunk of one)?"""
+    return all(row["kind"] == "decode" for row in record["scheduled"])
+
+
 def decode_step_seconds(records: list[dict], key: str = "seconds") -> dict[int, float]:
     """Median seconds (``record[key]``) of a decode-only step (every sequence computes one token),
     by the number of sequences in it, over step ``records``."""
     by_size: dict[int, list[float]] = {}
     for rec in records:
-        if all(row["kind"] == "decode" for row in rec["scheduled"]):
+        if is_decode_step(rec):
             by_size.setdefault(len(rec["scheduled"]), []).append(rec[key])
     return {b: statistics.median(s) for b, s in sorted(by_size.items())}
 
@@ -62,6 +67,22 @@ def mean_decode_batch(records: list[dict]) -> float:
     "average number of batched requests")."""
     sizes = [n for n in (sum(row["kind"] == "decode" for row in r["scheduled"]) for r in records) if n]
     return statistics.fmean(sizes) if sizes else 0.0
+
+
+def step_split(records: list[dict]) -> dict:
+    """Where a run's step time went: steps that compute a prompt (a new request's, or one recomputed
+    after preemption, with any decodes beside it) against steps that only decode, and the decode
+    steps' own tokens per second (one token per sequence per step). On a GPU a prompt's tokens cost
+    a small part of a decode step each; on a CPU they cost about as much as a decode row, so the
+    prompts, the same work for every system, weigh on tokens/s and flatten the ratios between them."""
+    decode = [r for r in records if is_decode_step(r)]
+    decode_s = sum(r["seconds"] for r in decode)
+    prompt_s = sum(r["seconds"] for r in records) - decode_s
+    return {"prompt_step_s": prompt_s, "decode_step_s": decode_s,
+            "prompt_share": prompt_s / (prompt_s + decode_s) if prompt_s + decode_s else 0.0,
+            "prompt_tokens_computed": sum(row["num_new_tokens"] for r in records for row in r["scheduled"]
+                                          if row["kind"] != "decode"),
+            "decode_tokens_per_s": sum(len(r["scheduled"]) for r in decode) / decode_s if decode_s else 0.0}
 
 
 def step_costs(records: list[dict], key: str = "seconds") -> dict[str, float]:

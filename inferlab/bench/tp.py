@@ -65,6 +65,7 @@ def load_memory(model: str, world: int) -> list[dict]:
 
 def _engine_run(llm, prompts, new_tokens: int) -> dict:
     """One greedy batch; returns decode-only totals: steps, seconds, all-reduces and their bytes."""
+    from inferlab.bench.stats import is_decode_step
     from inferlab.parallel.comm import CollectiveStats
     from inferlab.sampling import SamplingParams
 
@@ -80,7 +81,7 @@ def _engine_run(llm, prompts, new_tokens: int) -> dict:
     def hook(engine, record):
         nonlocal last
         now = counters()
-        if record["scheduled"] and all(r["kind"] == "decode" for r in record["scheduled"]):
+        if record["scheduled"] and is_decode_step(record):
             totals["steps"] += 1
             totals["s"] += record["seconds"]
             for k in ("all_reduce", "all_reduce_s", "all_reduce_bytes", "all_gather", "all_gather_s"):

@@ -7,8 +7,9 @@ import statistics
 
 import pytest
 
-from inferlab.bench.kv_budget import (SHAREGPT, default_budget_tokens, make_sharegpt_workload, reservation, step_split,
+from inferlab.bench.kv_budget import (SHAREGPT, default_budget_tokens, make_sharegpt_workload, reservation,
                                       sharegpt_lengths, static_batches)
+from inferlab.bench.stats import step_split
 from inferlab.cli import main
 
 
