@@ -138,8 +138,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """Greedy tokens: the first maximum of each row of x [..., V], as ``torch.argmax``. The C loop
-    (``inferlab.model.glue``) where it runs; else ``max(-1).indices``, the same index, faster than
-    ``argmax`` on a CPU."""
+    (``inferlab.model.glue``) where it runs; else ``max(-1).indices``, the same index."""
     out = glue.argmax(x)
     return x.max(-1).indices if out is None else out
 
