@@ -85,7 +85,9 @@ def test_streamed_completion_logprobs_equal_the_whole(client, echo):
     whole = client.completions.create(**kw).choices[0].logprobs
     chunks = [c.choices[0] for c in client.completions.create(**kw, stream=True) if c.choices]
     parts = [c.logprobs for c in chunks if c.logprobs is not None]
-    assert len(parts) > 3  # token by token
+    # several pieces (one a step; a reader that falls behind gets the steps it missed merged into
+    # one, inferlab/serve/streams.py, so how many depends on the machine's load)
+    assert len(parts) > 1
     for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
         assert [x for p in parts for x in getattr(p, field)] == getattr(whole, field), field
 
