@@ -1,7 +1,11 @@
 """Speculative sampling stays exact on the real target: smollm2 in fp32, sampled through the engine
 with prompt lookup, the shipped EAGLE draft and the draft cut from smollm2, follows the target's own distribution over
 the first three tokens (a chi-square test against the joint enumerated from the target, as
-tests/engine/test_spec_distribution.py does on the toy; a reduced budget: 600 requests, decoded side by side)."""
+tests/engine/test_spec_distribution.py does on the toy; a reduced budget: 600 requests, decoded side by side).
+
+One request runs first and the KV blocks hold 4 tokens: every request after it finds all but its
+last few prompt tokens in the prefix cache, so the 600 compute a few prompt tokens each, not their
+whole prompts (which took most of each test's minute)."""
 from __future__ import annotations
 
 import collections
@@ -37,7 +41,11 @@ def test_sampled_outputs_follow_the_real_target(smollm2_fp32, params, method):
     if method == "draft":  # the draft learnt from smollm2's chat answers only: ask it as a chat
         from inferlab.model.chat import Chat
         prompt = Chat(tok).prompt([{"role": "user", "content": PROMPT}])[1]
-    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=n, enable_prefix_caching=True, speculative_config=spec))
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=n, enable_prefix_caching=True, block_size=4,
+                                                speculative_config=spec))
+    engine.add_request("warm-up", prompt, SamplingParams(temperature=0, max_tokens=1))  # fills the prefix cache
+    while engine.has_unfinished_requests():
+        engine.step()
     for i in range(n):
         engine.add_request(str(i), prompt, SamplingParams(**{**params.__dict__, "seed": i}))
     finals = {}
@@ -47,6 +55,7 @@ def test_sampled_outputs_follow_the_real_target(smollm2_fp32, params, method):
                 finals[o.request_id] = o
     counts = collections.Counter(tuple(o.outputs[0].token_ids[:3]) for o in finals.values())
     c = engine.counters
+    assert c["num_prompt_tokens"] <= len(prompt) + n * 4, "the prompts after the first come from the prefix cache"
     assert 0 < c["spec_decode_num_accepted_tokens"] < c["spec_decode_num_draft_tokens"]
     exp = exact_joint(model, prompt, params)
     assert set(counts) <= set(exp) and abs(sum(exp.values()) - 1) < 1e-4
