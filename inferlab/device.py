@@ -5,6 +5,8 @@ in fp32 even when the checkpoint is stored in 16 bits.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from inferlab.errors import InferlabError
@@ -51,9 +53,12 @@ def parse_dtype(name: str | torch.dtype | None, device) -> torch.dtype:
     return table[name]
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
+@functools.cache
+def compile_errors() -> tuple[type[BaseException], ...]:
     """What torch.compile raises when compilation itself fails (no C++ compiler, an unsupported op):
-    only these fall back to eager; any other error is a real error."""
+    only these fall back to eager; any other error is a real error. Looked up when an error is
+    caught (``except compile_errors()``): importing torch._dynamo takes a second that a process
+    which never compiles should not pay."""
     errors: list[type[BaseException]] = []
     try:
         from torch._dynamo.exc import TorchDynamoException
@@ -64,5 +69,3 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
         pass
     return tuple(errors) or (RuntimeError,)
 
-
-COMPILE_ERRORS = _compile_errors()

@@ -49,3 +49,13 @@ def held() -> Iterator[None]:
         yield
     finally:
         _held = None
+
+
+def constant_in_graphs(fn):
+    """Mark ``fn`` as ``torch.compiler.assume_constant_result`` does: a compiled graph calls it
+    once, while tracing, and keeps its answer (which loop runs here) as a constant. That function
+    only sets this mark, but it imports ``torch._dynamo`` to do so, a second of every process's
+    start (the CLI's, a notebook kernel's) that most never compile anything.
+    tests/kernels/test_loop_settings.py checks that torch still marks a function this way."""
+    fn._dynamo_marked_constant = True
+    return fn

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from inferlab import arch_train, corpus
 from inferlab.model.config import ModelConfig
-from inferlab.device import COMPILE_ERRORS
+from inferlab.device import compile_errors
 from inferlab.errors import InferlabError
 from inferlab.model.loader import ASSETS, save_checkpoint
 from inferlab.model import CausalLM
@@ -296,7 +296,7 @@ def train_one(name: str, recipe: Recipe, cfg: ModelConfig, streams: dict, args, 
             x, y = get_batch(train, step, args.seed, recipe.batch_size, recipe.seq_len)
             try:
                 logits = forward(x)
-            except COMPILE_ERRORS as exc:  # e.g. no C++ compiler for torch.compile: train eagerly instead
+            except compile_errors() as exc:  # e.g. no C++ compiler for torch.compile: train eagerly instead
                 if forward is model:
                     raise
                 log.info("%s: torch.compile failed (%s); training without it", name, type(exc).__name__)

@@ -25,7 +25,7 @@ from inferlab.model import packing
 from inferlab.attention.paged import MULTI_QUERY_MAX, SHORT_PROMPT_MAX, PagedAttentionMetadata
 from inferlab.attention.torch_sdpa import TorchSDPABackend
 from inferlab.cache.paged import PagedKVCache
-from inferlab.device import COMPILE_ERRORS
+from inferlab.device import compile_errors
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class ModelRunner:
                     logits = self.compiled(input_ids, meta, logits_indices=last)[0]
                 self.compiled_batch_sizes.add(len(seqs))
                 return logits
-            except COMPILE_ERRORS as exc:  # no C++ compiler, an unsupported op: decode eagerly from now on
+            except compile_errors() as exc:  # no C++ compiler, an unsupported op: decode eagerly from now on
                 log.warning("inferlab: the decode step runs eagerly, torch.compile failed: %s",
                             str(exc).splitlines()[0][:200])
                 self.compiled = None

@@ -284,7 +284,7 @@ def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     """The pieces of a GGUF model with its blocks as stored, for ``inferlab.model.loader`` to assemble:
     (the model built on the meta device, its tensors, the names it expects, the names the file has
     beyond them, the tokenizer)."""
-    from inferlab.model import CausalLM
+    from inferlab.model.llama import CausalLM, on_meta
     from inferlab.quant.ggml import GGMLLinear
 
     path = Path(path)
@@ -295,7 +295,7 @@ def read_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
             return GGMLLinear(in_features, out_features, bias, packed[name])
         return default_linear(in_features, out_features, bias, name)
 
-    with torch.device("meta"):
+    with on_meta():
         model = CausalLM(config, build)
     state = model.checkpoint_state_dict()
     unexpected = [k for k in tensors if k not in state]

@@ -216,3 +216,28 @@ class CausalLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # parameters() yields a tied weight once
+
+
+_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
+          "kaiming_normal_", "xavier_uniform_", "xavier_normal_")
+
+
+def _keep(tensor, *args, **kwargs):
+    return tensor
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Build modules on the meta device (shapes only, no memory) for a checkpoint to fill, skipping
+    their random initialisation as transformers' ``no_init_weights`` does: on meta it draws nothing,
+    yet its meta kernels import ``torch._dynamo``, a second of every process that loads a model.
+    (It swaps ``torch.nn.init``'s functions while the block runs: build nothing real beside it.)"""
+    saved = {name: getattr(nn.init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(nn.init, name, _keep)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)

@@ -21,6 +21,7 @@ from inferlab.errors import CheckpointError
 from inferlab.folders import atomic_folder
 from inferlab.model.linear import default_linear
 from inferlab.model import CausalLM
+from inferlab.model.llama import on_meta
 from inferlab.model.rope import rope_inv_freq
 from inferlab.model.tokenizer import Tokenizer
 
@@ -151,7 +152,7 @@ def load_checkpoint(path_or_id: str | os.PathLike, device=None, dtype=None, dequ
         folder = hf_model_folder(folder)  # fp32: the cached HF folder made from the file
     config = load_config(folder)
     qcfg = _quantization_config(folder)
-    with torch.device("meta"):
+    with on_meta():
         model = CausalLM(config, _linear_factory(qcfg))
     state = model.checkpoint_state_dict()
     shapes = {k: tuple(t.shape) for k, t in state.items()}

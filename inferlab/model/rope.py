@@ -15,7 +15,7 @@ import torch
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """The per-channel-pair rotation frequencies, shape [head_dim // 2], fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
     if scaling is None:
         return inv_freq.float()
     kind = scaling["rope_type"]

@@ -17,6 +17,7 @@ from inferlab.device import default_device, default_dtype
 from inferlab.errors import CheckpointError
 from inferlab.model.loader import _quantization_config, _weight_files, assemble, load_config, resolve_model_path
 from inferlab.model import CausalLM
+from inferlab.model.llama import on_meta
 from inferlab.parallel.comm import Collectives, TensorParallelError
 from inferlab.parallel.factory import TensorParallelFactory
 from inferlab.parallel.layers import SHARDABLE_METHODS, quantized_full_shape, shard_quantized
@@ -50,7 +51,7 @@ def load_shard(path_or_id: str | os.PathLike, rank: int, world: int, device=None
         quantized = linear_factory(qcfg)
     device = torch.device(device or default_device())
     dtype = dtype or default_dtype(device)
-    with torch.device("meta"):
+    with on_meta():
         model = build_shard(config, rank, world, quantized, comm)
     state = model.checkpoint_state_dict()
     params = {k for k, _ in model.named_parameters()}

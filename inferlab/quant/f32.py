@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from inferlab.loop_settings import settings
+from inferlab.loop_settings import constant_in_graphs, settings
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def loop() -> Loop | None:
     return _loop(now.capability)
 
 
-_loop_now = torch._dynamo.assume_constant_result(loop)
+_loop_now = constant_in_graphs(loop)
 
 
 def _gemv(found: Loop, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

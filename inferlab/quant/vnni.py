@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from inferlab.folders import cache_dir
-from inferlab.loop_settings import settings
+from inferlab.loop_settings import constant_in_graphs, settings
 from inferlab.quant import fused
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def _usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
             and not (x.requires_grad and torch.is_grad_enabled()) and _available())
 
 
-_available = torch._dynamo.assume_constant_result(available)
+_available = constant_in_graphs(available)
 
 
 def _usable_tiles(x: torch.Tensor, tiles: torch.Tensor) -> bool:

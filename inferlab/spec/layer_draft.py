@@ -32,7 +32,7 @@ from torch import nn
 
 from inferlab.errors import InferlabError
 from inferlab.model.linear import linear
-from inferlab.model.llama import CausalLM
+from inferlab.model.llama import CausalLM, on_meta
 from inferlab.folders import atomic_folder
 from inferlab.model.loader import ASSETS
 
@@ -134,7 +134,7 @@ def load(folder: str | os.PathLike, target: CausalLM) -> CausalLM:
                             f"heads, head size {want}); this target has {have}: train one for it with "
                             "`inferlab train draft --target NAME`")
     cfg_obj = dataclasses.replace(target.config, num_hidden_layers=mine["num_hidden_layers"], tie_word_embeddings=True)
-    with torch.device("meta"):
+    with on_meta():
         draft = CausalLM(cfg_obj)
     draft = draft.to_empty(device=target.device).to(target.dtype)
     state = load_file(str(folder / "model.safetensors"))

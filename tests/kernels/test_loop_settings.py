@@ -64,3 +64,40 @@ def test_held_nests_and_is_released_by_an_error(monkeypatch):
             raise RuntimeError("a forward that fails")
     assert loop_settings._held is None
     assert loop_settings.settings().kernel == "compiled"
+
+
+def test_a_function_is_marked_constant_as_torch_marks_it():
+    def ours():
+        return 1
+
+    def torchs():
+        return 1
+    assert loop_settings.constant_in_graphs(ours) is ours
+    torch.compiler.assume_constant_result(torchs)
+    assert vars(torchs) and vars(ours) == vars(torchs)
+
+
+def test_a_compiled_graph_calls_a_marked_function_once_while_tracing():
+    calls = []
+
+    def which_loop():
+        calls.append(1)
+        return 2.0
+    marked = loop_settings.constant_in_graphs(which_loop)
+    f = torch.compile(lambda x: x * marked(), backend="eager", fullgraph=True)
+    x = torch.ones(3)
+    assert f(x).tolist() == [2.0] * 3 and f(x).tolist() == [2.0] * 3
+    assert len(calls) == 1, "traced into: the graph replays the function's side effects at every call"
+
+
+def test_loading_a_model_and_generating_never_imports_dynamo():
+    """torch._dynamo takes a second to import: the CLI, a notebook kernel and every test process
+    that loads a model pay it only when they compile."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom inferlab import cli\nfrom inferlab.llm import LLM\nfrom inferlab.sampling import SamplingParams\n"
+            "LLM(model='target', device='cpu').generate(['def f('], SamplingParams(temperature=0, max_tokens=2))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
