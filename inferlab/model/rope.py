@@ -14,7 +14,8 @@ import torch
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """The per-channel-pair rotation frequencies, shape [head_dim // 2], fp32."""
+    """The per-channel-pair rotation frequencies, shape [head_dim // 2], fp32, on the CPU (a model
+    moves them with itself; built on meta, they would cost a second: see ``llama.on_meta``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
     if scaling is None:
         return inv_freq.float()
