@@ -213,9 +213,9 @@ VNNI int inferlab_int4_gemv(const float *x, int M, int K, const uint8_t *qweight
    the plain rows take 48. Low nibbles meet the even columns' activations, high the odd ones'
    (quantized_activations' split layout), 4 bytes broadcast at a time. inferlab/quant/int4.py
    builds the tiles. */
-VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum, int K,
-                                int G, int group_size, const uint8_t *tile, float *y, int N, int t, int m0,
-                                const int MR, const uint8_t *nf4_table) {
+VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float *xs, const int32_t *xsum,
+                                const float *act, int K, int G, int group_size, const uint8_t *tile, float *y,
+                                int N, int t, int m0, const int MR, const uint8_t *nf4_table) {
     const int blocks = group_size / 32, half = K / 2, group_bytes = blocks * 256 + 64;
     const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i table = nf4_table ? _mm512_loadu_si512(nf4_table) : low;
@@ -263,9 +263,9 @@ VNNI INLINE void int4_tile_rows(const int8_t *xe, const int8_t *xo, const float 
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + blocks * 256)));
         const __m512 sz = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + blocks * 256 + 32)))));
         for (int j = 0; j < MR; j++) {  /* sum_k (q - z) s xs xq = s xs (sum_k q xq) - s z xs (sum_k xq) */
-            const float sx = xs[(size_t)(m0 + j) * G + g];
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(s, _mm512_set1_ps(sx)), acc[j]);
-            zacc[j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(sx * (float)xsum[(size_t)(m0 + j) * G + g]), zacc[j]);
+            const float *a = act + 2 * ((size_t)(m0 + j) * G + g);  /* xs, xs * sum xq */
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(s, _mm512_set1_ps(a[0])), acc[j]);
+            zacc[j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(a[1]), zacc[j]);
         }
     }
     for (int j = 0; j < MR; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + 16 * t, _mm512_sub_ps(acc[j], zacc[j]));
@@ -280,12 +280,15 @@ VNNI static inline __attribute__((always_inline)) int group_tiles_gemv(
     const size_t tile_bytes = (size_t)G * ((group_size / 32) * 256 + 64);
     int8_t *xe; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, group_size, 127, 1, 0, (void **)&xe, &xs, &xsum)) return -1;
+    float *act = nf4_table ? NULL : block_constants(xs, xsum, (size_t)M * G);  /* INT4's zero points read them */
+    if (!nf4_table && !act) { free_activations(xe, xs, xsum); return -1; }
     const int8_t *xo = xe + (size_t)M * half;
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < T; t++) {
-#define GROUP_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, nf4_table)
+#define GROUP_TILE_ROWS(R) int4_tile_rows(xe, xo, xs, xsum, act, K, G, group_size, tiles + (size_t)t * tile_bytes, y, N, t, m0, R, nf4_table)
         ROW_CHUNKS6(M, GROUP_TILE_ROWS);
     }
+    free(act);
     free_activations(xe, xs, xsum);
     return 0;
 }
@@ -609,7 +612,7 @@ VNNI int inferlab_q4_k_gemv(const float *x, int M, int K, const uint8_t *qweight
    scales d * sc_j convert once for every row of the chunk; the mins leave the integer loop through
    the activations' sums, as in q4_k_rows. inferlab/quant/ggml.py builds the tiles (block_tiles). */
 #define Q4_K_TILE_BYTES 2368
-VNNI INLINE void q4_k_tile_rows(const uint8_t *xq, const float *xs, const int32_t *xsum, int K, int S,
+VNNI INLINE void q4_k_tile_rows(const uint8_t *xq, const float *act, int K, int S,
                                 const uint8_t *tile, float *y, int N, int t, int m0, const int MR) {
     const int B = K / 32;
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -642,11 +645,11 @@ VNNI INLINE void q4_k_tile_rows(const uint8_t *xq, const float *xs, const int32_
             const __m512 sl = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i)), sh = _mm512_mul_ps(d, SUB_BYTES(64, 2 * i + 1));
             const __m512 ml = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i)), mh = _mm512_mul_ps(dmin, SUB_BYTES(192, 2 * i + 1));
             for (int j = 0; j < MR; j++) {
-                const size_t g = (size_t)(m0 + j) * B + s * 8 + 2 * i;  /* sub-block 2i's activation group */
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(sl, _mm512_set1_ps(xs[g])), acc[j]);
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh[j]), _mm512_mul_ps(sh, _mm512_set1_ps(xs[g + 1])), acc[j]);
-                macc[j] = _mm512_fmadd_ps(ml, _mm512_set1_ps(xs[g] * (float)xsum[g]), macc[j]);
-                macc[j] = _mm512_fmadd_ps(mh, _mm512_set1_ps(xs[g + 1] * (float)xsum[g + 1]), macc[j]);
+                const float *a = act + 2 * ((size_t)(m0 + j) * B + s * 8 + 2 * i);  /* sub-blocks 2i, 2i + 1: [xs, xs * sum xq] each */
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dl[j]), _mm512_mul_ps(sl, _mm512_set1_ps(a[0])), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dh[j]), _mm512_mul_ps(sh, _mm512_set1_ps(a[2])), acc[j]);
+                macc[j] = _mm512_fmadd_ps(ml, _mm512_set1_ps(a[1]), macc[j]);
+                macc[j] = _mm512_fmadd_ps(mh, _mm512_set1_ps(a[3]), macc[j]);
             }
 #undef SUB_BYTES
         }
@@ -658,11 +661,14 @@ VNNI int inferlab_q4_k_tiles_gemv(const float *x, int M, int K, const uint8_t *t
     const int S = K / 256;
     uint8_t *xq; float *xs; int32_t *xsum;
     if (quantized_activations(x, M, K, 32, 127, 0, 0, (void **)&xq, &xs, &xsum)) return -1;
+    float *act = block_constants(xs, xsum, (size_t)M * (K / 32));
+    if (!act) { free_activations(xq, xs, xsum); return -1; }
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int t = 0; t < N / 16; t++) {
-#define Q4_K_TILE_ROWS(R) q4_k_tile_rows(xq, xs, xsum, K, S, tiles + (size_t)t * S * Q4_K_TILE_BYTES, y, N, t, m0, R)
+#define Q4_K_TILE_ROWS(R) q4_k_tile_rows(xq, act, K, S, tiles + (size_t)t * S * Q4_K_TILE_BYTES, y, N, t, m0, R)
         ROW_CHUNKS6(M, Q4_K_TILE_ROWS);
     }
+    free(act);
     free_activations(xq, xs, xsum);
     return 0;
 }
