@@ -91,6 +91,27 @@ def _one_line(exc) -> str:
     return text
 
 
+def test_a_files_header_is_parsed_once_per_version(tmp_path, target, monkeypatch):
+    """Loading a file again reuses its parsed header (llama.cpp's reader takes seconds on a real
+    vocabulary), and a file written again at the same path is parsed again, not served stale."""
+    import os
+
+    parses = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: parses.append(path) or real(path))
+    path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
+    first, _ = load_checkpoint(path, device="cpu")
+    again, _ = load_checkpoint(path, device="cpu")
+    assert len(parses) == 1
+    assert torch.equal(again.model.embed_tokens.weight, first.model.embed_tokens.weight)
+    quantized = __import__("copy").deepcopy(target[0])
+    quantize_model(quantized, "q8_0", progress=False)
+    write_gguf(quantized, target[1], tmp_path / "m", "q8_0", overwrite=True)  # the same path, other bytes
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # even within one clock tick
+    stored, _ = load_checkpoint(path, device="cpu")
+    assert len(parses) == 2 and isinstance(stored.model.layers[0].self_attn.q_proj, GGMLLinear)
+
+
 def test_truncated_file(tmp_path, target):
     path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
     cut = tmp_path / "cut.gguf"
