@@ -231,7 +231,10 @@ def load_model(model: str, device=None, dtype=None, quantization: str | None = N
     if quantization in (None, "none"):
         return net, tokenizer, None
     from inferlab.quant import quantize_model
-    return net, tokenizer, quantize_model(net, quantization, tokenizer=tokenizer, progress=False)
+    from inferlab.quant.methods import METHODS
+    # GPTQ and AWQ fit every layer to calibration data (minutes on smollm2): show how far they are
+    calibrated = METHODS[quantization].calibrated
+    return net, tokenizer, quantize_model(net, quantization, tokenizer=tokenizer, progress=calibrated)
 
 
 def step_stats(before: dict, after: dict, seconds: float, batch: int) -> dict:

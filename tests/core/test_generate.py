@@ -220,6 +220,19 @@ def test_quantization_none_is_no_quantization():
     assert not hasattr(llm, "quantization_config")
 
 
+@pytest.mark.parametrize("method,shown", [("gptq", True), ("awq", True), ("int8", False)])
+def test_a_calibrated_quantization_at_load_shows_its_progress(method, shown, monkeypatch):
+    """GPTQ and AWQ fit every layer to calibration data, minutes on smollm2: LLM's load shows a
+    bar per layer for them (tqdm: TQDM_DISABLE hides it); the methods that round in a second do not."""
+    import inferlab.quant
+    from inferlab.llm import load_model
+
+    seen = {}
+    monkeypatch.setattr(inferlab.quant, "quantize_model", lambda net, m, **kw: seen.update(kw) or {})
+    load_model("target", device="cpu", quantization=method)
+    assert seen["progress"] is shown
+
+
 @pytest.mark.parametrize("command", [["generate", "x"], ["serve"], ["eval", "ppl"], ["bench", "serve"], ["bench", "spec"]])
 def test_a_bad_quantization_is_one_line_naming_the_choices(command, capsys):
     assert main([*command, "--quantization", "int9"]) == 2
