@@ -104,7 +104,7 @@ def _header(path: str, size: int, mtime_ns: int) -> _Header:
     gc.disable()  # the reader's 10^5 small objects set off hundreds of collections: a quarter of its time
     try:
         reader = gguf.GGUFReader(path)
-        return _Header({key: field.contents() for key, field in reader.fields.items()}, list(reader.tensors))
+        return _Header({key: _contents(field) for key, field in reader.fields.items()}, list(reader.tensors))
     except Exception as exc:  # the reader fails deep inside numpy on a cut-off file
         raise CheckpointError(f"{path} could not be read as GGUF ({type(exc).__name__}): the file is probably "
                               f"truncated or damaged; copy or download it again") from None
@@ -113,12 +113,26 @@ def _header(path: str, size: int, mtime_ns: int) -> _Header:
             gc.enable()
 
 
+class _Undecoded(NamedTuple):
+    field: object  # a metadata field the reader could not decode (a type no loader here reads)
+
+
+def _contents(field):
+    """A metadata field's value, or the field kept undecoded: :func:`_field` asks it again, so only
+    a loader that needs it fails, as before the header was cached."""
+    try:
+        return field.contents()
+    except Exception:
+        return _Undecoded(field)
+
+
 def _field(reader: _Header, key: str, default=KeyError):
     if key not in reader.fields:
         if default is KeyError:
             raise CheckpointError(f"the GGUF metadata has no {key!r}: is it a complete model file?")
         return default
-    return reader.fields[key]
+    value = reader.fields[key]
+    return value.field.contents() if isinstance(value, _Undecoded) else value
 
 
 def read_config(reader, path: Path) -> ModelConfig:

@@ -1,6 +1,8 @@
 """GGUF loading on files we can make in a second: the embedded target written by the GGUF writer
 (whose bytes llama.cpp's own reader and llama.cpp itself check in tests/quant/test_gguf_file.py),
 read back; and broken files, each refused in one line."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -94,8 +96,6 @@ def _one_line(exc) -> str:
 def test_a_files_header_is_parsed_once_per_version(tmp_path, target, monkeypatch):
     """Loading a file again reuses its parsed header (llama.cpp's reader takes seconds on a real
     vocabulary), and a file written again at the same path is parsed again, not served stale."""
-    import os
-
     parses = []
     real = gguf.GGUFReader
     monkeypatch.setattr(gguf, "GGUFReader", lambda path: parses.append(path) or real(path))
@@ -110,6 +110,27 @@ def test_a_files_header_is_parsed_once_per_version(tmp_path, target, monkeypatch
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # even within one clock tick
     stored, _ = load_checkpoint(path, device="cpu")
     assert len(parses) == 2 and isinstance(stored.model.layers[0].self_attn.q_proj, GGMLLinear)
+
+
+def test_a_field_the_reader_cannot_decode_fails_only_the_load_that_needs_it(tmp_path, target, monkeypatch):
+    """The header is decoded once, field by field: a value llama.cpp's reader cannot decode is kept
+    as it is, so it fails a load only when the loader asks for it, not every load of the file."""
+    real = gguf.ReaderField.contents
+
+    def contents(field, *args, **kwargs):
+        if field.name in ("general.name", "tokenizer.ggml.merges"):
+            raise ValueError(f"cannot decode {field.name}")
+        return real(field, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.ReaderField, "contents", contents)
+    path = write_gguf(target[0], target[1], tmp_path / "m", "f32")
+    with pytest.raises(ValueError, match="cannot decode tokenizer.ggml.merges"):
+        load_checkpoint(path, device="cpu")  # the tokenizer needs its merges
+    monkeypatch.setattr(gguf.ReaderField, "contents", lambda field, *a, **k: (
+        real(field, *a, **k) if field.name != "general.name" else contents(field)))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # parsed again
+    model, _ = load_checkpoint(path, device="cpu")  # the loader never reads general.name
+    assert model.config.num_hidden_layers == target[0].config.num_hidden_layers
 
 
 def test_truncated_file(tmp_path, target):
