@@ -1,6 +1,7 @@
 """GGUF loading on files we can make in a second: the embedded target written by the GGUF writer
 (whose bytes llama.cpp's own reader and llama.cpp itself check in tests/quant/test_gguf_file.py),
 read back; and broken files, each refused in one line."""
+import copy
 import os
 
 import numpy as np
@@ -45,7 +46,6 @@ def test_f32_file_gives_the_folders_logits(tmp_path, target, ids):
 
 @pytest.mark.parametrize("method", ["q8_0", "q4_1"])
 def test_packed_file_keeps_its_blocks(tmp_path, target, ids, method, monkeypatch):
-    import copy
     quantized = copy.deepcopy(target[0])
     quantize_model(quantized, method, progress=False)
     path = write_gguf(quantized, target[1], tmp_path / "m", method)
@@ -104,7 +104,7 @@ def test_a_files_header_is_parsed_once_per_version(tmp_path, target, monkeypatch
     again, _ = load_checkpoint(path, device="cpu")
     assert len(parses) == 1
     assert torch.equal(again.model.embed_tokens.weight, first.model.embed_tokens.weight)
-    quantized = __import__("copy").deepcopy(target[0])
+    quantized = copy.deepcopy(target[0])
     quantize_model(quantized, "q8_0", progress=False)
     write_gguf(quantized, target[1], tmp_path / "m", "q8_0", overwrite=True)  # the same path, other bytes
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # even within one clock tick
